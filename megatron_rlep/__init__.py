@@ -1,0 +1,1 @@
+"""megatron_rlep: RL with experience replay (RLEP) on Megatron-Core."""

@@ -1,0 +1,195 @@
+"""Where the code runs: device, process-group backend, layer specs, and the CPU shims.
+
+On a machine with CUDA this module only picks ``cuda`` + NCCL and the Transformer Engine
+layer specs (when TE imports) and changes nothing in Megatron-Core.
+
+Without CUDA it makes Megatron-Core (pinned to 0.16.x) run on the CPU with the gloo backend.
+Megatron-Core assumes CUDA in a handful of places; each is redirected here and nowhere else:
+
+1. ``torch.cuda.current_device()`` answers the CPU device, so ``device=current_device()`` lands
+   tensors on the CPU.
+2. ``torch.cuda.synchronize()`` is a no-op.
+3. The model-parallel RNG tracker forks the CPU generator instead of the CUDA one
+   (``CpuRNGStatesTracker``), so ``tracker.fork()`` keeps its meaning.
+4. Tensors created with ``device="cuda"`` (the schedules' token counter, default attention
+   masks) are created on the CPU by a ``TorchFunctionMode`` that rewrites the device argument.
+5. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
+
+This module must not import anything from the rest of the package: everything else reads
+only ``device()``, ``backend()``, ``layer_spec()`` and ``init_distributed()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def device() -> torch.device:
+    """The device this rank computes on."""
+    if has_cuda():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def backend() -> str:
+    return "nccl" if has_cuda() else "gloo"
+
+
+@functools.cache
+def have_transformer_engine() -> bool:
+    if not has_cuda():
+        return False  # TE's import can fail on CPU machines in ways Megatron-Core does not catch.
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False):
+    """Transformer Engine layer specs when TE imports, Megatron-Core's local specs otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if have_transformer_engine():
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(
+        normalization=normalization, qk_layernorm=qk_layernorm
+    )
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites ``device="cuda"`` (or ``cuda:N``) arguments to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs = dict(kwargs, device="cpu")
+        return func(*args, **kwargs)
+
+
+def _cpu_rng_tracker_class():
+    from megatron.core.tensor_parallel import random as mp_random
+
+    class CpuRNGStatesTracker(mp_random.CudaRNGStatesTracker):
+        """Megatron-Core's RNG tracker with named CPU generator states instead of CUDA ones."""
+
+        def add(self, name, seed):
+            if seed in self.seeds_ or name in self.states_:
+                raise ValueError(f"RNG state {name!r} or seed {seed} is already tracked")
+            self._is_initialized = True
+            self.seeds_.add(seed)
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name=mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise KeyError(f"RNG state {name!r} was never added")
+            outer = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+
+    return CpuRNGStatesTracker
+
+
+_CPU_MODE: _CudaToCpu | None = None
+
+
+def install_cpu_shims() -> None:
+    """Redirect Megatron-Core's CUDA assumptions to the CPU. No-op when CUDA is present."""
+    global _CPU_MODE
+    if has_cuda() or _CPU_MODE is not None:
+        return
+    from megatron.core.tensor_parallel import random as mp_random
+
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
+    mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _CPU_MODE = _CudaToCpu()
+    _CPU_MODE.__enter__()  # stays active for the life of the process (main thread)
+
+
+def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 1234) -> None:
+    """Start the process group (torchrun's env, or a single process) and Megatron's parallel state."""
+    from megatron.core import parallel_state, tensor_parallel as mp_tensor_parallel
+
+    install_cpu_shims()
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        rank = int(os.environ.get("RANK", 0))
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        if has_cuda():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(
+            backend(), rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30)
+        )
+    world = dist.get_world_size()
+    if world % (tensor_parallel * pipeline_parallel):
+        raise ValueError(
+            f"parallel: tensor_parallel={tensor_parallel} x pipeline_parallel={pipeline_parallel} "
+            f"does not divide the world size {world}; pick sizes whose product divides it."
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
+    mp_tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+
+
+def destroy_distributed() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def clip_grad_norm(parameters, max_norm: float, group=None) -> float:
+    """Clip gradients to a global L2 norm across model-parallel ranks; return the norm before.
+
+    Tensor-parallel duplicates (layer norms, ``tensor_model_parallel=False`` params) are counted
+    once, the way Megatron-Core does it. Used on the CPU, where Megatron's ``clip_grads``
+    asserts CUDA tensors.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    params = [p for p in parameters if p.grad is not None]
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    counted = [p for p in params if tp_rank == 0 or param_is_not_tensor_parallel_duplicate(p)]
+    square = torch.zeros((), dtype=torch.float64)
+    for p in counted:
+        square += p.grad.detach().double().pow(2).sum()
+    if dist.is_initialized():
+        group = group or parallel_state.get_model_parallel_group()
+        dist.all_reduce(square, group=group)
+    norm = float(square.sqrt())
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in params:
+            p.grad.detach().mul_(scale)
+    return norm
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
