@@ -1,0 +1,97 @@
+"""The built-in task ``arithmetic``: integer-answer arithmetic problems in the DAPO template.
+
+Problems are drawn from a seeded generator per difficulty level. A problem belongs to the test
+split when a hash of its text falls in the test bucket (1 in 8), to the train split otherwise,
+so the splits are disjoint by construction and the same for every seed. Each prompt is one
+worked example followed by the question, both user turns in the DAPO template. Levels run from
+one-digit sums to multi-step expressions; ``docs/arithmetic_levels.md`` records how often the
+built-in model solves each.
+
+This module generates examples only; it does not score them (the verifier does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from megatron_rlep.data import Example, dapo_prompt
+
+TEST_BUCKETS = 8  # one bucket of eight is the test split
+# One worked example before each question shows the 135M model the "Answer:" line format.
+DEMONSTRATION = (
+    dapo_prompt("Compute $12 + 5$.")[0],
+    {"role": "assistant", "content": "12 + 5 = 17.\nAnswer: 17"},
+)
+
+
+def _level_1(rng):  # a + b, up to 20 plus one digit
+    a, b = rng.randint(1, 20), rng.randint(1, 9)
+    return f"{a} + {b}", a + b
+
+
+def _level_2(rng):  # a + b, two digits
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a} + {b}", a + b
+
+
+def _level_3(rng):  # a * b, times tables up to 12
+    a, b = rng.randint(2, 12), rng.randint(2, 12)
+    return f"{a} \\times {b}", a * b
+
+
+def _level_4(rng):  # a + b - c, two digits
+    a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a} + {b} - {c}", a + b - c
+
+
+def _level_5(rng):  # a * b, two digits by one digit
+    a, b = rng.randint(11, 99), rng.randint(2, 9)
+    return f"{a} \\times {b}", a * b
+
+
+def _level_6(rng):  # (a + b) * c
+    a, b, c = rng.randint(2, 20), rng.randint(2, 20), rng.randint(2, 9)
+    return f"({a} + {b}) \\times {c}", (a + b) * c
+
+
+def _level_7(rng):  # a * b, two digits by two digits
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    return f"{a} \\times {b}", a * b
+
+
+LEVELS = {1: _level_1, 2: _level_2, 3: _level_3, 4: _level_4, 5: _level_5, 6: _level_6,
+          7: _level_7}
+
+
+def split_of(expression: str) -> str:
+    bucket = int(hashlib.sha256(expression.encode()).hexdigest(), 16) % TEST_BUCKETS
+    return "test" if bucket == 0 else "train"
+
+
+def examples(split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0) -> list[Example]:
+    """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``."""
+    if split not in ("train", "test"):
+        raise ValueError(f"arithmetic split={split!r} is unknown; use 'train' or 'test'.")
+    levels = [levels] if isinstance(levels, int) else list(levels)
+    unknown = [lv for lv in levels if lv not in LEVELS]
+    if unknown or not levels:
+        raise ValueError(f"arithmetic levels={levels} has unknown levels {unknown}; choose from "
+                         f"{sorted(LEVELS)}.")
+    rng = random.Random(f"arithmetic:{seed}")
+    out, seen, attempts = [], set(), 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 1000 * n:
+            raise ValueError(f"arithmetic levels={levels} cannot supply {n} distinct {split} "
+                             f"problems; ask for fewer or add levels.")
+        level = levels[len(out) % len(levels)]
+        expression, answer = LEVELS[level](rng)
+        if expression in seen or split_of(expression) != split:
+            continue
+        seen.add(expression)
+        problem = f"Compute ${expression}$."
+        prompt = DEMONSTRATION + dapo_prompt(problem)
+        out.append(Example(f"L{level}-{len(out)}", prompt, str(answer),
+                           f"arithmetic-L{level}"))
+    return out

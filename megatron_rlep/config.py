@@ -1,0 +1,243 @@
+"""The typed configuration: one dataclass per Hydra group, checked on load.
+
+``conf/`` holds the YAML tree (groups model, data, algorithm, rollout, parallel, logging,
+verifier, and ``experiment/`` presets); the dataclasses here are its schema. ``load_config``
+turns a composed Hydra config into a ``Config``; any unknown key, wrong type or out-of-range
+value raises ``ConfigError`` with one sentence that names the key. ``check_overrides`` does the
+same for a command line before Hydra starts, so a typo never reaches a traceback.
+
+This module holds no training logic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A configuration key or value the user must fix; the message is one sentence."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m"  # a built-in name or a Hugging Face checkpoint directory
+    dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
+
+
+@dataclass
+class DataConfig:
+    train: str = "arithmetic"  # built-in task, .parquet/.jsonl path, name under data_dir, hub id
+    eval: list[str] = field(default_factory=lambda: ["arithmetic"])
+    data_dir: Optional[str] = None
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3])  # built-in task only
+    train_size: int = 256  # built-in task only
+    eval_size: int = 64  # built-in task only
+    max_prompt_length: int = 1024
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "rlep"  # grpo | dapo | rlep
+    rollouts_per_prompt: int = 16  # G
+    replay_per_prompt: int = 2  # M (0 = no replay)
+    pool: Optional[str] = None  # experience pool: pool directory or RLEP release parquet
+    prompts_per_rollout: int = 512
+    prompts_per_update: int = 64
+    epochs: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 10.0
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean
+    normalize_std: bool = True
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    overlong_buffer: int = 512
+    overlong_factor: float = 1.0
+    dynamic_sampling: bool = False
+    max_resample_batches: int = 10
+    lr: float = 1e-6
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    total_steps: int = 400
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "auto"  # auto | vllm | transformers
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_response_length: int = 3072
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.6
+    batch_size: int = 64  # sequences per generate call (transformers engine)
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    micro_batch_size: int = 4
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "offline"  # online | offline | disabled
+    project: str = "megatron_rlep"
+    name: Optional[str] = None
+    log_every: int = 1
+    eval_every: int = 10
+
+
+@dataclass
+class VerifierConfig:
+    mode: str = "dapo"  # dapo | math
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    seed: int = 1
+    run_dir: str = "runs/default"
+    samples: int = 4  # quickstart: answers per question
+    questions: int = 8  # quickstart: questions shown
+
+
+_CHOICES = {
+    "algorithm.name": ("grpo", "dapo", "rlep"),
+    "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean"),
+    "rollout.engine": ("auto", "vllm", "transformers"),
+    "logging.wandb": ("online", "offline", "disabled"),
+    "verifier.mode": ("dapo", "math"),
+    "model.dtype": ("auto", "float32", "bfloat16"),
+}
+_RANGES = {  # key: (low, high), inclusive; None = unbounded
+    "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),
+    "algorithm.prompts_per_rollout": (1, None), "algorithm.prompts_per_update": (1, None),
+    "algorithm.epochs": (1, None), "algorithm.clip_low": (0.0, 1.0),
+    "algorithm.clip_high": (0.0, None), "algorithm.dual_clip": (1.0, None),
+    "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None),
+    "algorithm.warmup_steps": (0, None), "algorithm.grad_clip": (0.0, None),
+    "algorithm.total_steps": (0, None), "rollout.temperature": (0.0, None),
+    "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
+    "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
+    "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
+    "parallel.micro_batch_size": (1, None), "data.train_size": (1, None),
+    "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
+    "data.max_prompt_length": (1, None),
+}
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _check_values(cfg: Config) -> None:
+    for key, allowed in _CHOICES.items():
+        if _get(cfg, key) not in allowed:
+            raise ConfigError(f"config key {key}={_get(cfg, key)!r} is not allowed; use one of "
+                              f"{', '.join(allowed)}.")
+    for key, (low, high) in _RANGES.items():
+        value = _get(cfg, key)
+        if (low is not None and value < low) or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"between {low} and {high}"
+            raise ConfigError(f"config key {key}={value} is out of range; it must be {bound}.")
+    if cfg.algorithm.prompts_per_rollout % cfg.algorithm.prompts_per_update:
+        raise ConfigError(
+            f"config key algorithm.prompts_per_update={cfg.algorithm.prompts_per_update} does "
+            f"not divide algorithm.prompts_per_rollout={cfg.algorithm.prompts_per_rollout}; "
+            f"pick a divisor so every update sees whole groups.")
+
+
+def _known_keys(node: Any) -> list[str]:
+    if dataclasses.is_dataclass(node):
+        return [f.name for f in dataclasses.fields(node)]
+    return []
+
+
+def _unknown_key(key: str) -> ConfigError:
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    try:
+        node = _get(Config(), parent) if parent else Config()
+    except AttributeError:
+        node = None
+    known = ", ".join(_known_keys(node)) or "listed in megatron_rlep/config.py"
+    return ConfigError(f"config key {key} is unknown; the keys of {parent or 'the top level'} "
+                       f"are {known}.")
+
+
+def _one_sentence(err: OmegaConfBaseException) -> ConfigError:
+    key = getattr(err, "full_key", None) or "?"
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "not in" in text or "not found" in text or "Missing key" in text:
+        return _unknown_key(key)
+    return ConfigError(f"config key {key} has a wrong value ({text}); fix it to match the "
+                       f"type in megatron_rlep/config.py.")
+
+
+def load_config(raw: DictConfig | dict) -> Config:
+    """Check a composed config against the schema and return it as a ``Config``."""
+    raw = raw if isinstance(raw, (DictConfig, ListConfig)) else OmegaConf.create(raw)
+    raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _one_sentence(err) from None
+    _check_values(cfg)
+    return cfg
+
+
+def compose(overrides: list[str] = (), config_name: str = "config") -> Config:
+    """Compose ``conf/<config_name>.yaml`` with command-line style overrides and check it."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base=None):
+            raw = hydra_compose(config_name, overrides=list(overrides))
+    except OmegaConfBaseException as err:
+        raise _one_sentence(err) from None
+    except HydraException as err:
+        text = str(err).strip()
+        unknown = re.search(r"Could not override '([\w.]+)'", text)
+        if unknown:
+            raise _unknown_key(unknown.group(1)) from None
+        first = text.splitlines()[0].strip()
+        raise ConfigError(f"config override failed: {first} (check the group option's name "
+                          f"under conf/ and the key's spelling).") from None
+    return load_config(raw)
+
+
+def check_overrides(overrides: list[str], config_name: str = "config") -> None:
+    """Compose and check every job of a command line (sweeps expanded) before Hydra runs it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = [o for o in overrides if not o.startswith("hydra") and not o.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(plain)
+    jobs: list[list[str]] = [[]]
+    for override in parsed:
+        values = (list(override.sweep_string_iterator()) if override.is_sweep_override()
+                  else [override.get_value_element_as_str()])
+        key = override.get_key_element()
+        jobs = [job + [f"{key}={value}"] for job in jobs for value in values]
+    for job in jobs:
+        compose(job, config_name)

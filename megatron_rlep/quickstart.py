@@ -1,0 +1,53 @@
+"""The built-in model answers a few built-in task questions; each answer is printed with its
+verdict, then the pass rate.
+
+    python -m megatron_rlep.quickstart [experiment=quickstart] [samples=4] [questions=6]
+"""
+
+from __future__ import annotations
+
+import time
+
+from megatron_rlep.cli import hydra_entry
+from megatron_rlep.config import Config
+from megatron_rlep.data import load_examples
+from megatron_rlep.rollout import TransformersEngine
+from megatron_rlep.verifier import Verifier
+
+
+def run(cfg: Config) -> float:
+    examples = load_examples(cfg.data.eval[0], split="test", data_dir=cfg.data.data_dir,
+                             **_task_kwargs(cfg, cfg.questions))[: cfg.questions]
+    engine = TransformersEngine(cfg.model.path, batch_size=cfg.rollout.batch_size)
+    verifier = Verifier(cfg.verifier.mode)
+    start = time.time()
+    groups = engine.generate([e.prompt for e in examples], n=cfg.samples,
+                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                             max_tokens=cfg.rollout.max_response_length, seed=cfg.seed,
+                             progress=True)
+    correct = total = 0
+    for example, group in zip(examples, groups):
+        print(f"\n=== {example.id} [{example.data_source}] {example.question.splitlines()[2]}"
+              f"  (ground truth {example.ground_truth})")
+        for completion in group:
+            score = verifier.score(completion.text, example.ground_truth)
+            correct += score.correct
+            total += 1
+            verdict = "CORRECT" if score.correct else "wrong  "
+            answer = " ".join(completion.text.split())[-100:]
+            print(f"  {verdict} pred={score.pred!s:<8} | {answer}")
+    rate = correct / max(total, 1)
+    print(f"\npass rate: {correct}/{total} = {rate:.1%} "
+          f"({cfg.verifier.mode} rule, {time.time() - start:.0f}s generating)")
+    verifier.close()
+    return rate
+
+
+def _task_kwargs(cfg: Config, n: int) -> dict:
+    if cfg.data.eval[0] != "arithmetic":
+        return {}
+    return {"levels": cfg.data.levels, "n": n, "seed": cfg.seed}
+
+
+if __name__ == "__main__":
+    hydra_entry(run)

@@ -1,0 +1,200 @@
+"""The verifier: the DAPO rule's tricky cases, equivalence, near misses, hostile input."""
+
+import concurrent.futures
+import importlib.util
+import multiprocessing
+import random
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron_rlep.equivalence import EquivalenceChecker
+from megatron_rlep.verifier import (Verifier, dapo_verdict, normalize_final_answer,
+                                    overlong_penalty)
+
+# ------------------------------------------------------------------ the DAPO rule
+
+
+@pytest.mark.parametrize("response, truth, correct, pred", [
+    ("work...\nAnswer: 42", "42", True, "42"),
+    ("Answer: 41\nmore work\nAnswer: 42", "42", True, "42"),  # the last Answer: line wins
+    ("Answer: 42\nthen I changed my mind. Answer: 43", "42", False, "43"),
+    ("answer : 42", "42", True, "42"),  # case-insensitive, spaces around the colon
+    ("Answer: 5 cm", "5", True, "5"),  # unit words removed
+    ("Answer: 12 dollars", "12", True, "12"),
+    ("Answer: \\text{Evelyn}", "\\text{Evelyn}", True, "Evelyn"),
+    ("Answer: \\boxed{7}", "7", True, "7"),
+    ("Answer: $\\frac12$", "\\frac{1}{2}", True, "\\frac{1}{2}"),  # \frac12 shorthand
+    ("Answer: \\sqrt2", "\\sqrt{2}", True, "\\sqrt{2}"),
+    ("Answer: 1,000,000", "1000000", True, "1000000"),  # thousands commas
+    ("Answer: x = 3", "3", True, "3"),  # the text after the last "="
+    ("Answer: 30^\\circ", "30", True, "30"),
+    ("Answer: 0.5", "\\frac{1}{2}", False, "0.5"),  # strict: equivalent forms do not match
+    ("The answer is 42.", "42", False, None),  # no Answer: line
+    ("Answer: 42" + "x" * 300, "42", False, None),  # beyond the last 300 characters
+    ("y" * 1000 + "Answer: 42", "42", True, "42"),
+])
+def test_dapo_rule_cases(response, truth, correct, pred):
+    assert dapo_verdict(response, truth) == (correct, pred)
+    assert Verifier("dapo").score(response, truth).correct is correct
+
+
+def test_normalize_final_answer_steps():
+    assert normalize_final_answer(" $\\boxed{\\frac{3}{4}}$. ") == "\\frac{3}{4}"
+    assert normalize_final_answer("\\text{(A)}") == "(A)"
+    assert normalize_final_answer("10,5") == "105"  # plain digits with commas lose them
+    assert normalize_final_answer("1,5a") == "1,5a"
+    assert normalize_final_answer("\\fracab") == "\\frac{a}{b}"
+
+
+def _reference_rule():
+    """The DAPO rule as shipped in verl 0.4.1, the rule of the RLEP era (installed with --no-deps
+    by scripts/test.sh; never imported as a package, only this one file is loaded)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    path = site / "verl" / "utils" / "reward_score" / "math_dapo.py"
+    if not path.is_file():
+        pytest.skip("verl is not installed; scripts/test.sh installs it (no deps) as the oracle")
+    spec = importlib.util.spec_from_file_location("reference_math_dapo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.compute_score
+
+
+def _random_responses(n, seed=0):
+    rng = random.Random(seed)
+    pieces = ["Answer:", "answer :", "ANSWER:", "\n", " ", "=", "$", "\\boxed{", "}", "{", "\\text{",
+              "\\frac", "12", "3", "\\sqrt", "cm", "dollars", ",", "000", ".", "a ", "an ", "^\\circ",
+              "\\!", "\\$", "x", "-", "\\dfrac", "\\left(", "\\right)", "mbox", "\\text{m}", "\x00"]
+    answers = ["42", "1,000", "\\frac{1}{2}", "\\frac12", "3\\sqrt{2}", "\\text{(B)}", "5 cm",
+               "0.5", "x=4", "$7$", "\\boxed{9}", "(1,2]", "[INVALID]", ""]
+    out = []
+    for _ in range(n):
+        body = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
+        filler = "w" * rng.choice([0, 10, 250, 400])
+        tail = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        out.append((filler + body + rng.choice(["\nAnswer: ", "Answer:", ""]) +
+                    rng.choice(answers) + tail, rng.choice(answers)))
+    return out
+
+
+def test_dapo_rule_matches_reference_on_random_responses():
+    reference = _reference_rule()
+    for response, truth in _random_responses(20000):
+        ref = reference(response, truth)
+        correct, pred = dapo_verdict(response, truth)
+        assert correct == ref["acc"], (response, truth)
+        assert (pred if pred is not None else "[INVALID]") == ref["pred"] or (
+            pred is None and ref["pred"] == normalize_final_answer("[INVALID]")), (response, truth)
+
+
+# ------------------------------------------------------------------ math mode
+
+
+@pytest.fixture(scope="module")
+def math_verifier():
+    verifier = Verifier("math")
+    yield verifier
+    verifier.close()
+
+
+@pytest.mark.parametrize("answer, truth", [
+    ("1/2", "\\frac{1}{2}"), ("0.5", "\\frac12"), ("2\\sqrt{3}", "\\sqrt{12}"),
+    ("1,000", "1000"), ("007", "7"), ("\\boxed{5}", "5"), ("30^\\circ", "30"),
+    ("(1,2]", "(1, 2]"), ("x^2+2x+1", "(x+1)^2"), ("\\dfrac{3}{4}", "0.75"),
+    ("\\{1,2\\}", "\\{2,1\\}"), ("27.0", "27"),
+])
+def test_math_mode_accepts_equivalent_forms(math_verifier, answer, truth):
+    assert math_verifier.score(f"Work.\nAnswer: {answer}", truth).correct
+    assert not Verifier("dapo").score(f"Answer: {answer}", truth).correct or \
+        normalize_final_answer(answer) == normalize_final_answer(truth)
+
+
+def test_math_mode_reads_boxed_answers(math_verifier):
+    assert math_verifier.score("so the result is \\boxed{\\frac{1}{2}}.", "0.5").correct
+    assert math_verifier.score("nothing here", "0.5").pred is None
+
+
+@pytest.mark.parametrize("answer, truth", [
+    ("0.51", "0.5"), ("3\\sqrt{2}", "\\sqrt{12}"), ("[1,2]", "(1,2]"), ("x^2+1", "x^2-1"),
+    ("100", "1000"), ("-3", "3"), ("1/3", "1/4"), ("\\{1,2\\}", "\\{1,3\\}"), ("12", "21"),
+])
+def test_math_mode_rejects_near_misses(math_verifier, answer, truth):
+    assert not math_verifier.score(f"Answer: {answer}", truth).correct
+
+
+HOSTILE = [
+    "Answer: 9^{9^{9}}", "Answer: 2^{10^{100}}", "Answer: 9^{999999999}", "Answer: 100000000!",
+    "Answer: " + "{" * 5000 + "1" + "}" * 5000, "Answer: " + "(" * 3000 + "1" + ")" * 3000,
+    "x" * 2_000_000 + "\nAnswer: 5", "Answer: " + "9" * 2_000_000, "\x00" * 1000 + "Answer: \x005",
+    "Answer: \\frac{1}{0}", "Answer: " + "\\sqrt{" * 2000 + "2" + "}" * 2000, "\\boxed{" * 10000,
+]
+
+
+@pytest.mark.parametrize("mode", ["dapo", "math"])
+def test_hostile_input_is_wrong_within_a_second(mode, math_verifier):
+    verifier = math_verifier if mode == "math" else Verifier("dapo")
+    for response in HOSTILE:
+        start = time.monotonic()
+        score = verifier.score(response, "7")
+        assert time.monotonic() - start < 1.0, response[:40]
+        assert score.correct is False
+
+
+def test_a_runaway_check_is_killed_and_the_next_one_works():
+    checker = EquivalenceChecker(timeout_s=1e-6)  # every reply misses this deadline
+    assert checker.equivalent("1/2", "0.5") is False
+    assert checker.timeouts == 1
+    checker.timeout_s = 5.0
+    assert checker.equivalent("1/2", "0.5") is True  # a fresh worker answered
+    checker.close()
+
+
+def test_math_mode_is_safe_in_threads(math_verifier):
+    cases = [("Answer: 1/2", "0.5", True), ("Answer: 0.3", "0.5", False)] * 20 + \
+        [(h, "7", False) for h in HOSTILE[:4]]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda c: math_verifier.score(c[0], c[1]).correct, cases))
+    assert results == [c[2] for c in cases]
+
+
+def _score_in_worker(case):
+    verifier = Verifier("math")
+    try:
+        return verifier.score(*case).correct
+    finally:
+        verifier.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_math_mode_in_worker_processes(method):
+    cases = [("Answer: 2\\sqrt{3}", "\\sqrt{12}"), ("Answer: 9^{9^{9}}", "7"), ("Answer: 4", "5")]
+    with multiprocessing.get_context(method).Pool(2) as pool:
+        assert pool.map(_score_in_worker, cases) == [True, False, False]
+
+
+# ------------------------------------------------------------------ reward
+
+
+def test_overlong_penalty_hand_computed():
+    # L_max 3072, buffer 512: free up to 2560 tokens, then linear down to -1 at 3072.
+    assert overlong_penalty(100, 3072, 512) == 0.0
+    assert overlong_penalty(2560, 3072, 512) == 0.0
+    assert overlong_penalty(2816, 3072, 512) == -0.5
+    assert overlong_penalty(3072, 3072, 512) == -1.0
+    assert overlong_penalty(2688, 3072, 512, factor=0.5) == -0.125
+    assert overlong_penalty(5000, 3072, 0) == 0.0  # no buffer, no shaping
+
+
+def test_reward_is_plus_minus_one_plus_penalty():
+    verifier = Verifier("dapo", max_length=3072, overlong_buffer=512)
+    assert verifier.score("Answer: 3", "3", length=10).reward == 1.0
+    assert verifier.score("Answer: 3", "3", length=2816).reward == 0.5
+    assert verifier.score("Answer: 4", "3", length=3072).reward == -2.0
+    assert verifier.score("Answer: 4", "3").reward == -1.0  # length unknown: no shaping
+
+
+def test_unknown_mode_is_one_sentence():
+    with pytest.raises(ValueError, match="verifier mode='exact' is unknown"):
+        Verifier("exact")
