@@ -30,29 +30,29 @@ def _level_1(rng):  # a + b, up to 20 plus one digit
     return f"{a} + {b}", a + b
 
 
-def _level_2(rng):  # a + b, two digits
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
-    return f"{a} + {b}", a + b
-
-
-def _level_3(rng):  # a * b, times tables up to 12
+def _level_2(rng):  # times tables up to 12
     a, b = rng.randint(2, 12), rng.randint(2, 12)
     return f"{a} \\times {b}", a * b
 
 
-def _level_4(rng):  # a + b - c, two digits
+def _level_3(rng):  # a + b, two digits
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a} + {b}", a + b
+
+
+def _level_4(rng):  # a - b, two digits minus one digit
+    a, b = rng.randint(10, 99), rng.randint(2, 9)
+    return f"{a} - {b}", a - b
+
+
+def _level_5(rng):  # a + b + c, two digits
     a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(10, 99)
-    return f"{a} + {b} - {c}", a + b - c
+    return f"{a} + {b} + {c}", a + b + c
 
 
-def _level_5(rng):  # a * b, two digits by one digit
+def _level_6(rng):  # a * b, two digits by one digit
     a, b = rng.randint(11, 99), rng.randint(2, 9)
     return f"{a} \\times {b}", a * b
-
-
-def _level_6(rng):  # (a + b) * c
-    a, b, c = rng.randint(2, 20), rng.randint(2, 20), rng.randint(2, 9)
-    return f"({a} + {b}) \\times {c}", (a + b) * c
 
 
 def _level_7(rng):  # a * b, two digits by two digits

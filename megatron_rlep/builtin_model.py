@@ -73,7 +73,9 @@ def convert(name: str, target: Path) -> None:
         raise RuntimeError(f"GGUF conversion of {name}: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    _remove_abandoned(target.parent, name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=target.parent))
+    os.chmod(tmp, 0o755)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -86,3 +88,14 @@ def convert(name: str, target: Path) -> None:
                 os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_abandoned(parent: Path, name: str) -> None:
+    """Delete temporary directories left by conversions whose process has died."""
+    for stale in parent.glob(f".{name}-*-*"):
+        try:
+            os.kill(int(stale.name.split("-")[-2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass

@@ -118,6 +118,19 @@ class Config:
     questions: int = 8  # quickstart: questions shown
 
 
+def _register_schema() -> None:
+    """Make ``base_config`` (the schema with its defaults) the first entry of conf/config.yaml."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+_register_schema()
+
+_SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmConfig,
+                                           RolloutConfig, ParallelConfig, LoggingConfig,
+                                           VerifierConfig)}
+
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
     "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean"),
@@ -193,10 +206,23 @@ def _one_sentence(err: OmegaConfBaseException) -> ConfigError:
                        f"type in megatron_rlep/config.py.")
 
 
+def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
+    """Hydra's ``+key=value`` can add keys to the schema; refuse any key it does not define."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            raise _unknown_key(prefix + str(key))
+        child_type = fields[key].type
+        child_type = _SECTIONS.get(child_type, child_type)  # annotations are strings here
+        if dataclasses.is_dataclass(child_type) and isinstance(node[key], DictConfig):
+            _reject_unknown_keys(node[key], child_type, f"{prefix}{key}.")
+
+
 def load_config(raw: DictConfig | dict) -> Config:
     """Check a composed config against the schema and return it as a ``Config``."""
     raw = raw if isinstance(raw, (DictConfig, ListConfig)) else OmegaConf.create(raw)
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
+    _reject_unknown_keys(raw, Config)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
         cfg = OmegaConf.to_object(merged)
@@ -217,6 +243,8 @@ def compose(overrides: list[str] = (), config_name: str = "config") -> Config:
     except OmegaConfBaseException as err:
         raise _one_sentence(err) from None
     except HydraException as err:
+        if isinstance(err.__cause__, OmegaConfBaseException):
+            raise _one_sentence(err.__cause__) from None
         text = str(err).strip()
         unknown = re.search(r"Could not override '([\w.]+)'", text)
         if unknown:

