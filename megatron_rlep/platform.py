@@ -171,8 +171,7 @@ def clip_grad_norm(parameters, max_norm: float, group=None) -> float:
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
     params = [p for p in parameters if p.grad is not None]
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    counted = [p for p in params if tp_rank == 0 or param_is_not_tensor_parallel_duplicate(p)]
+    counted = [p for p in params if param_is_not_tensor_parallel_duplicate(p)]
     square = torch.zeros((), dtype=torch.float64)
     for p in counted:
         square += p.grad.detach().double().pow(2).sum()
