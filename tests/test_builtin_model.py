@@ -30,8 +30,10 @@ def test_interrupted_conversion_never_loads_then_converts_once(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not list(tmp_path.glob(".smollm2-135m-*")) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # inside the conversion: the temporary directory is being written
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGSTOP)  # frozen while the temporary directory is being written
+    assert list(tmp_path.glob(".smollm2-135m-*")), "the conversion never started writing"
+    assert not (tmp_path / "smollm2-135m").exists(), "the cache appeared before the write ended"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "smollm2-135m").exists(), "a killed conversion left a loadable cache"
