@@ -13,7 +13,9 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
    (``CpuRNGStatesTracker``), so ``tracker.fork()`` keeps its meaning.
 4. Tensors created with ``device="cuda"`` (the schedules' token counter, default attention
    masks) are created on the CPU by a ``TorchFunctionMode`` that rewrites the device argument.
-5. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
+5. ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up of pipeline stages
+   moves the weight with it).
+6. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
 
 This module must not import anything from the rest of the package: everything else reads
 only ``device()``, ``backend()``, ``layer_spec()`` and ``init_distributed()``.
@@ -119,6 +121,7 @@ def install_cpu_shims() -> None:
 
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _CPU_MODE = _CudaToCpu()
@@ -163,15 +166,17 @@ def destroy_distributed() -> None:
 def clip_grad_norm(parameters, max_norm: float, group=None) -> float:
     """Clip gradients to a global L2 norm across model-parallel ranks; return the norm before.
 
-    Tensor-parallel duplicates (layer norms, ``tensor_model_parallel=False`` params) are counted
-    once, the way Megatron-Core does it. Used on the CPU, where Megatron's ``clip_grads``
+    Tensor-parallel duplicates (layer norms, ``tensor_model_parallel=False`` params) and the
+    last pipeline stage's copy of tied embeddings are counted once, as Megatron-Core does. Used on the CPU, where Megatron's ``clip_grads``
     asserts CUDA tensors.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
 
     params = [p for p in parameters if p.grad is not None]
-    counted = [p for p in params if param_is_not_tensor_parallel_duplicate(p)]
+    counted = [p for p in params
+               if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
     square = torch.zeros((), dtype=torch.float64)
     for p in counted:
         square += p.grad.detach().double().pow(2).sum()

@@ -1,0 +1,252 @@
+"""The Megatron-Core actor: a ``GPTModel`` from a Hugging Face checkpoint on any TP x PP x DP
+layout, log-probs through Megatron's forward-backward schedule, the clipped GRPO update, export.
+
+Every rank of the job builds one ``Actor`` and calls its methods with the same whole batch;
+the actor takes this rank's data-parallel share, runs the micro-batches through
+``get_forward_backward_func`` (so pipeline parallelism works), and returns results that are
+the same on every rank. The loss is token-mean over the whole mini-batch: each micro-batch
+returns (sum, token count) and Megatron's ``finalize_model_grads`` divides the gradients by
+the token count summed over micro-batches and data-parallel ranks.
+
+The actor knows nothing of rollouts, rewards or replay.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_rlep import loss as objective
+from megatron_rlep import platform
+from megatron_rlep.actor import bridge, checkpoint, optim
+from megatron_rlep.actor.batch import SequenceBatch, causal_mask, collate, dp_slice, micro_batches
+from megatron_rlep.actor.logprobs import token_entropy, token_logprobs
+from megatron_rlep.builtin_model import resolve_model_path
+
+_STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if platform.has_cuda() else torch.float32
+    return {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16}[name]
+
+
+class Actor:
+    def __init__(self, model_path: str, algorithm, tensor_parallel: int = 1,
+                 pipeline_parallel: int = 1, micro_batch_size: int = 4, dtype: str = "auto",
+                 temperature: float = 1.0, seed: int = 1234):
+        from megatron.core import parallel_state
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from transformers import AutoConfig
+
+        platform.init_distributed(tensor_parallel, pipeline_parallel, seed)
+        self.hf_path = resolve_model_path(model_path)
+        self.hf_config = AutoConfig.from_pretrained(self.hf_path)
+        self.algorithm = algorithm
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.dtype = resolve_dtype(dtype)
+        self.device = platform.device()
+        config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
+                                           self.dtype, cpu=not platform.has_cuda())
+        model = bridge.gpt_model(self.hf_config, config, platform.layer_spec()).to(self.device)
+        bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        distributed = platform.has_cuda() and self.dp_size > 1
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed)
+        self.model = DistributedDataParallel(config, ddp_config, model)
+        self.optimizer, self.scheduler = optim.build(
+            [self.model], algorithm.lr, algorithm.weight_decay, algorithm.grad_clip,
+            algorithm.warmup_steps, algorithm.total_steps, self.dtype, distributed)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = self.model.no_sync
+        config.grad_scale_func = self.optimizer.scale_loss
+        self.config = config
+        self.step = 0
+
+    # ------------------------------------------------------------------ schedule
+
+    @property
+    def module(self):
+        return self.model.module
+
+    def _schedule(self, micros: list, loss_func, forward_only: bool) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        masks = {}
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            width = mb.tokens.shape[1]
+            if width not in masks:
+                masks[width] = causal_mask(width, self.device)
+            output = model(mb.tokens, mb.positions, masks[width])
+            return output, partial(loss_func, mb)
+
+        if not micros:
+            return []
+        widths = max(m.tokens.shape[1] for m in micros)
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micros), model=[self.model],
+            num_microbatches=len(micros), seq_length=widths,
+            micro_batch_size=max(len(m.index) for m in micros), forward_only=forward_only,
+        )
+
+    def _micros(self, batch: SequenceBatch) -> list:
+        lengths = [len(t) for t in batch.tokens]
+        mine = dp_slice(lengths, self.dp_rank, self.dp_size)
+        return [collate(batch, index, self.device)
+                for index in micro_batches(mine, lengths, self.micro_batch_size)]
+
+    def _from_last_stage(self, obj):
+        """Broadcast a Python object from the last pipeline stage to the whole PP group."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return obj
+        box = [obj]
+        group = ps.get_pipeline_model_parallel_group()
+        src = dist.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1)
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
+
+    def _all_dp(self, obj) -> list:
+        from megatron.core import parallel_state as ps
+
+        if self.dp_size == 1:
+            return [obj]
+        out = [None] * self.dp_size
+        dist.all_gather_object(out, obj, group=ps.get_data_parallel_group())
+        return out
+
+    # ------------------------------------------------------------------ log-probs
+
+    @torch.no_grad()
+    def logprobs(self, batch: SequenceBatch, with_entropy: bool = False
+                 ) -> tuple[list[torch.Tensor], Optional[list[torch.Tensor]]]:
+        """Per-sequence log-probs (and entropies) of the response tokens, on every rank."""
+        self.model.eval()
+
+        def collect(mb, logits):
+            logp = token_logprobs(logits, mb.labels, self.temperature)
+            ent = token_entropy(logits, self.temperature) if with_entropy else None
+            rows = {}
+            for row, i in enumerate(mb.index):
+                keep = mb.loss_mask[row]
+                rows[i] = (logp[row][keep].float().cpu(),
+                           ent[row][keep].float().cpu() if ent is not None else None)
+            return torch.zeros((), device=logits.device), torch.tensor(0, dtype=torch.int), {"rows": rows}
+
+        outputs = self._schedule(self._micros(batch), collect, forward_only=True)
+        rows = {}
+        for out in outputs:
+            rows.update(out["rows"])
+        rows = self._from_last_stage(rows)
+        merged = {}
+        for part in self._all_dp(rows):
+            merged.update(part)
+        logps = [merged[i][0] for i in range(len(batch))]
+        ents = [merged[i][1] for i in range(len(batch))] if with_entropy else None
+        return logps, ents
+
+    @torch.no_grad()
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits [b, s, V] of right-aligned ``tokens`` (tests, sync checks)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        self.model.eval()
+        batch = SequenceBatch([t.tolist() for t in tokens], [1] * len(tokens))
+
+        def collect(mb, logits):
+            full = gather_from_tensor_model_parallel_region(logits).float().cpu()
+            return torch.zeros(()), torch.tensor(0, dtype=torch.int), {"rows": dict(zip(mb.index, full))}
+
+        micros = [collate(batch, list(range(len(batch))), self.device)]
+        rows = {}
+        for out in self._schedule(micros, collect, forward_only=True):
+            rows.update(out["rows"])
+        rows = self._from_last_stage(rows)
+        return torch.stack([rows[i] for i in range(len(batch))])
+
+    # ------------------------------------------------------------------ update
+
+    def _policy_loss(self, mb, logits):
+        a = self.algorithm
+        logp = token_logprobs(logits, mb.labels, self.temperature)
+        if a.entropy_coef:
+            entropy = token_entropy(logits, self.temperature)
+        else:
+            with torch.no_grad():
+                entropy = token_entropy(logits, self.temperature)
+        pg, clipped, dual = objective.policy_token_loss(
+            logp, mb.old_logp, mb.advantages, a.clip_low, a.clip_high, a.dual_clip)
+        per_token = pg
+        kl = torch.zeros_like(pg)
+        if a.kl_coef:
+            if mb.ref_logp is None:
+                raise ValueError("algorithm.kl_coef > 0 needs reference log-probs in the batch")
+            kl = objective.kl_k3(logp, mb.ref_logp)
+            per_token = per_token + a.kl_coef * kl
+        if a.entropy_coef:
+            per_token = per_token - a.entropy_coef * entropy
+        total, count = objective.aggregate(per_token, mb.loss_mask, a.loss_agg)
+        mask = mb.loss_mask
+        with torch.no_grad():
+            stats = torch.stack([
+                total.detach(), pg[mask].sum(), clipped[mask].sum(), dual[mask].sum(),
+                entropy[mask].sum(), kl[mask].sum(), mask.sum(), torch.tensor(len(mb.index)),
+            ]).double().cpu()
+        return total, count.int(), {"stats": stats, "count": count.detach().double().cpu()}
+
+    def train_step(self, batch: SequenceBatch) -> dict:
+        """One optimiser update on a mini-batch with advantages and old log-probs; metrics."""
+        from megatron.core import parallel_state as ps
+
+        if batch.advantages is None or batch.old_logp is None:
+            raise ValueError("train_step needs a batch with advantages and old_logp")
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outputs = self._schedule(self._micros(batch), self._policy_loss, forward_only=False)
+        stats = torch.zeros(len(_STATS), dtype=torch.float64)
+        count = torch.zeros((), dtype=torch.float64)
+        for out in outputs:
+            stats += out["stats"]
+            count += out["count"]
+        if self.dp_size > 1:
+            both = torch.cat([stats, count[None]]).to(self.device)
+            dist.all_reduce(both, group=ps.get_data_parallel_group())
+            stats, count = both[:-1].cpu(), both[-1].cpu()
+        stats, count = self._from_last_stage((stats, count))
+        grad_norm, lr = optim.step(self.optimizer, self.scheduler, self.algorithm.grad_clip)
+        self.step += 1
+        s = dict(zip(_STATS, stats.tolist()))
+        tokens = max(s["tokens"], 1.0)
+        return {"loss": s["loss"] / max(float(count), 1.0), "pg_loss": s["pg_loss"] / tokens,
+                "clip_fraction": s["clipped"] / tokens, "dual_clip_fraction": s["dual_clipped"] / tokens,
+                "entropy": s["entropy"] / tokens, "kl": s["kl"] / tokens,
+                "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"]}
+
+    # ------------------------------------------------------------------ weights out and in
+
+    def export_hf(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The policy as full Hugging Face-named tensors, in bounded buckets, on every rank."""
+        return bridge.export_hf(self.module, self.hf_config, bucket_bytes)
+
+    def save(self, path, extra: dict | None = None):
+        return checkpoint.save(path, self.module, self.optimizer, self.scheduler, self.step, extra)
+
+    def load(self, path) -> dict:
+        self.step, extra = checkpoint.load(path, self.module, self.optimizer, self.scheduler)
+        return extra
+
+    def save_hf(self, path):
+        return checkpoint.save_hf(path, self.export_hf(), self.hf_path)

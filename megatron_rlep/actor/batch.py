@@ -1,0 +1,106 @@
+"""Sequences for the actor: data-parallel slices and length-sorted, padded micro-batches.
+
+A ``SequenceBatch`` is what the trainer hands the actor: token ids (prompt then response) of
+every sequence of an optimiser mini-batch, with per-sequence advantages and old log-probs when
+training. Every rank holds the whole batch; ``dp_slice`` picks this rank's share, balanced by
+tokens. ``micro_batches`` sorts by length so each micro-batch is padded only to its own
+longest sequence (the CPU local attention has no packed-sequence path).
+
+A micro-batch's tensors follow Megatron's next-token convention: ``labels[t] = tokens[t + 1]``
+and ``loss_mask[t]`` marks the positions whose label is a response token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class SequenceBatch:
+    tokens: list[list[int]]  # prompt + response ids
+    prompt_lengths: list[int]
+    advantages: Optional[torch.Tensor] = None  # [N], training only
+    old_logp: Optional[list[torch.Tensor]] = None  # per sequence, [response length]
+    ref_logp: Optional[list[torch.Tensor]] = None  # per sequence, only with a KL term
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.prompt_lengths):
+            raise ValueError("SequenceBatch: tokens and prompt_lengths differ in length")
+        for ids, p in zip(self.tokens, self.prompt_lengths):
+            if not 0 < p < len(ids):
+                raise ValueError(f"SequenceBatch: a sequence of {len(ids)} tokens with prompt length "
+                                 f"{p} has no response token")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def response_lengths(self) -> list[int]:
+        return [len(t) - p for t, p in zip(self.tokens, self.prompt_lengths)]
+
+
+def dp_slice(lengths: list[int], rank: int, size: int) -> list[int]:
+    """Indices of this data-parallel rank's sequences: longest first, dealt greedily to the
+    rank with the fewest tokens so far (ties to the lower rank), deterministic on all ranks."""
+    if len(lengths) < size:
+        raise ValueError(f"a mini-batch of {len(lengths)} sequences cannot feed {size} "
+                         "data-parallel ranks; use more prompts per update")
+    loads = [0] * size
+    owned: list[list[int]] = [[] for _ in range(size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(size), key=lambda r: (loads[r], r))
+        owned[r].append(i)
+        loads[r] += lengths[i]
+    return sorted(owned[rank])
+
+
+def micro_batches(indices: list[int], lengths: list[int], micro_batch_size: int) -> list[list[int]]:
+    """``indices`` grouped into micro-batches of similar length (longest first)."""
+    order = sorted(indices, key=lambda i: (-lengths[i], i))
+    return [order[k:k + micro_batch_size] for k in range(0, len(order), micro_batch_size)]
+
+
+@dataclass
+class MicroBatch:
+    index: list[int]  # positions in the SequenceBatch
+    tokens: torch.Tensor  # [b, s]
+    positions: torch.Tensor  # [b, s]
+    labels: torch.Tensor  # [b, s]
+    loss_mask: torch.Tensor  # [b, s] bool
+    old_logp: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
+    ref_logp: Optional[torch.Tensor] = None
+    advantages: Optional[torch.Tensor] = None  # [b, 1]
+
+
+def collate(batch: SequenceBatch, index: list[int], device: torch.device) -> MicroBatch:
+    """Right-padded tensors of the sequences ``index``."""
+    width = max(len(batch.tokens[i]) for i in index)
+    tokens = torch.zeros(len(index), width, dtype=torch.long)
+    mask = torch.zeros(len(index), width, dtype=torch.bool)
+    aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp}
+    out = {k: torch.zeros(len(index), width) if v is not None else None for k, v in aligned.items()}
+    for row, i in enumerate(index):
+        ids, p = batch.tokens[i], batch.prompt_lengths[i]
+        tokens[row, :len(ids)] = torch.tensor(ids)
+        mask[row, p - 1:len(ids) - 1] = True
+        for key, values in aligned.items():
+            if values is not None:
+                out[key][row, p - 1:len(ids) - 1] = values[i]
+    labels = torch.roll(tokens, -1, dims=1)
+    labels[:, -1] = 0
+    positions = torch.arange(width).expand(len(index), width)
+    micro = MicroBatch(index, tokens.to(device), positions.to(device), labels.to(device),
+                       mask.to(device))
+    for key, value in out.items():
+        if value is not None:
+            setattr(micro, key, value.to(device))
+    if batch.advantages is not None:
+        micro.advantages = batch.advantages[index].float().reshape(-1, 1).to(device)
+    return micro
+
+
+def causal_mask(width: int, device: torch.device) -> torch.Tensor:
+    """Megatron's boolean mask convention: True where attention is NOT allowed."""
+    return torch.ones(width, width, dtype=torch.bool, device=device).triu(1)[None, None]

@@ -1,0 +1,359 @@
+"""Hugging Face <-> Megatron-Core: model configs, weight loading into shards, streamed export.
+
+A model family is one short table from Megatron-Core parameter names (global layer index
+``{i}``) to Hugging Face names plus a transform:
+
+* ``Copy``: the same tensor, split along the parameter's tensor-parallel dimension if it has one;
+* ``QKV``: q, k and v projections interleaved per query group (``[q_g..., k_g, v_g]`` for each
+  group g), so a contiguous TP slice holds whole groups;
+* ``GateUp``: the fused SwiGLU ``linear_fc1`` holds, on TP rank r, ``[gate_r; up_r]``.
+
+Transformer Engine specs fuse the layer norms into the following linear layer; their names are
+aliased to the local spec's names before the table lookup, so one table serves both specs.
+
+Loading reads only the tensors a rank needs (safetensors opened lazily). Export walks every
+parameter of the whole model in a fixed order, gathers TP shards on the owning pipeline stage,
+converts to Hugging Face tensors and broadcasts them over the pipeline group, yielding bounded
+buckets of ``(name, tensor)`` on every rank. It never writes to disk.
+
+This module knows nothing of RL, rollouts or optimisers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+class ModelError(ValueError):
+    """A model the actor cannot build; the message is one sentence naming the fix."""
+
+
+# ----------------------------------------------------------------------------- transforms
+
+
+@dataclass(frozen=True)
+class Copy:
+    hf: str
+
+    def names(self) -> tuple[str, ...]:
+        return (self.hf,)
+
+    def to_mcore(self, tensors, cfg, tp_rank, tp_size, partition_dim):
+        return _split(tensors[0], tp_rank, tp_size, partition_dim)
+
+    def to_hf(self, shards, cfg, partition_dim):
+        return [torch.cat(shards, partition_dim) if partition_dim is not None else shards[0]]
+
+
+@dataclass(frozen=True)
+class QKV:
+    q: str
+    k: str
+    v: str
+
+    def names(self) -> tuple[str, ...]:
+        return (self.q, self.k, self.v)
+
+    def to_mcore(self, tensors, cfg, tp_rank, tp_size, partition_dim):
+        q, k, v = tensors
+        groups = cfg.num_query_groups
+        per_group = [t.reshape(groups, -1, *t.shape[1:]) for t in (q, k, v)]
+        fused = torch.cat(per_group, dim=1).reshape(-1, *q.shape[1:])
+        return _split(fused, tp_rank, tp_size, 0)
+
+    def to_hf(self, shards, cfg, partition_dim):
+        fused = torch.cat(shards, 0)
+        groups, dim = cfg.num_query_groups, cfg.kv_channels
+        heads_per_group = cfg.num_attention_heads // groups
+        grouped = fused.reshape(groups, (heads_per_group + 2) * dim, *fused.shape[1:])
+        q, k, v = grouped.split([heads_per_group * dim, dim, dim], dim=1)
+        return [t.reshape(-1, *fused.shape[1:]).contiguous() for t in (q, k, v)]
+
+
+@dataclass(frozen=True)
+class GateUp:
+    gate: str
+    up: str
+
+    def names(self) -> tuple[str, ...]:
+        return (self.gate, self.up)
+
+    def to_mcore(self, tensors, cfg, tp_rank, tp_size, partition_dim):
+        gate, up = tensors
+        return torch.cat([_split(gate, tp_rank, tp_size, 0), _split(up, tp_rank, tp_size, 0)])
+
+    def to_hf(self, shards, cfg, partition_dim):
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+
+
+def _split(tensor: torch.Tensor, rank: int, size: int, dim: int | None) -> torch.Tensor:
+    if dim is None or size == 1:
+        return tensor
+    return tensor.chunk(size, dim=dim)[rank]
+
+
+# ----------------------------------------------------------------------------- families
+
+_LAYER = "model.layers.{i}."
+LLAMA = {
+    "embedding.word_embeddings.weight": Copy("model.embed_tokens.weight"),
+    "output_layer.weight": Copy("lm_head.weight"),
+    "decoder.final_layernorm.weight": Copy("model.norm.weight"),
+    "decoder.layers.{i}.input_layernorm.weight": Copy(_LAYER + "input_layernorm.weight"),
+    "decoder.layers.{i}.self_attention.linear_qkv.weight": QKV(
+        _LAYER + "self_attn.q_proj.weight", _LAYER + "self_attn.k_proj.weight",
+        _LAYER + "self_attn.v_proj.weight"),
+    "decoder.layers.{i}.self_attention.linear_qkv.bias": QKV(
+        _LAYER + "self_attn.q_proj.bias", _LAYER + "self_attn.k_proj.bias",
+        _LAYER + "self_attn.v_proj.bias"),
+    "decoder.layers.{i}.self_attention.linear_proj.weight": Copy(_LAYER + "self_attn.o_proj.weight"),
+    "decoder.layers.{i}.pre_mlp_layernorm.weight": Copy(_LAYER + "post_attention_layernorm.weight"),
+    "decoder.layers.{i}.mlp.linear_fc1.weight": GateUp(
+        _LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"),
+    "decoder.layers.{i}.mlp.linear_fc2.weight": Copy(_LAYER + "mlp.down_proj.weight"),
+}
+QWEN2 = LLAMA  # same Hugging Face names; the q/k/v biases are always present (config below)
+
+FAMILIES = {"llama": LLAMA, "qwen2": QWEN2}
+
+# Transformer Engine fuses layer norms into the next linear layer: map its names to local ones.
+TE_ALIASES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
+def family(hf_config) -> dict:
+    kind = getattr(hf_config, "model_type", None)
+    if kind not in FAMILIES:
+        raise ModelError(f"model type {kind!r} is not supported (supported: "
+                         f"{', '.join(sorted(FAMILIES))}); add a table to megatron_rlep/actor/bridge.py")
+    return FAMILIES[kind]
+
+
+def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
+                       dtype: torch.dtype, cpu: bool):
+    """Megatron-Core ``TransformerConfig`` equivalent to a Llama/Qwen2 Hugging Face config."""
+    from megatron.core.transformer import TransformerConfig
+
+    family(hf_config)
+    c = hf_config
+    heads, groups = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    if rope_parameters(c).get("rope_type", "default") != "default" or getattr(c, "mlp_bias", False):
+        raise ModelError(f"{c.model_type} configs with RoPE scaling or mlp_bias are not supported; "
+                         "use a checkpoint without them")
+    if heads % tensor_parallel or groups % tensor_parallel:
+        raise ModelError(f"parallel.tp={tensor_parallel} must divide the model's {heads} attention "
+                         f"heads and {groups} key/value heads; pick a divisor")
+    if c.num_hidden_layers % pipeline_parallel:
+        raise ModelError(f"parallel.pp={pipeline_parallel} must divide the model's "
+                         f"{c.num_hidden_layers} layers; pick a divisor")
+    if c.vocab_size % tensor_parallel:
+        raise ModelError(f"parallel.tp={tensor_parallel} must divide the vocabulary size "
+                         f"{c.vocab_size}; pick a divisor")
+    qkv_bias = c.model_type == "qwen2" or bool(getattr(c, "attention_bias", False))
+    config = TransformerConfig(
+        num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
+        ffn_hidden_size=c.intermediate_size, num_attention_heads=heads,
+        num_query_groups=groups, kv_channels=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        normalization="RMSNorm", layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=qkv_bias,
+        bias_activation_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
+        bias_dropout_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+        # perform_initialization also tags each weight's TP split (partition_dim) on the CPU path
+        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=cpu,
+        perform_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+        calculate_per_token_loss=True,
+    )
+    # Micro-batches are padded to their own length, so pipeline stages exchange shapes. Set
+    # after construction: the constructor's check on this flag concerns MoE dispatchers only.
+    config.variable_seq_lengths = True
+    return config
+
+
+def gpt_model(hf_config, config, layer_spec):
+    """This rank's pipeline stage of a ``GPTModel`` shaped like ``hf_config`` (weights unset)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config, transformer_layer_spec=layer_spec, vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        position_embedding_type="rope", rotary_base=float(rope_parameters(hf_config)["rope_theta"]),
+    )
+
+
+def rope_parameters(hf_config) -> dict:
+    """RoPE settings across transformers versions (``rope_parameters`` or the older fields)."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    rope.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def _global_name(model, local_name: str) -> str:
+    """``decoder.layers.<local>.x`` -> ``decoder.layers.{global}.x``, TE names aliased."""
+    m = re.match(r"decoder\.layers\.(\d+)\.(.+)", local_name)
+    if not m:
+        return local_name
+    layer = model.decoder.layers[int(m.group(1))]
+    rest = TE_ALIASES.get(m.group(2), m.group(2))
+    return f"decoder.layers.{layer.layer_number - 1}.{rest}"
+
+
+def _rule(table: dict, global_name: str):
+    m = re.match(r"decoder\.layers\.(\d+)\.(.+)", global_name)
+    key, index = (f"decoder.layers.{{i}}.{m.group(2)}", m.group(1)) if m else (global_name, None)
+    if key not in table:
+        raise ModelError(f"Megatron-Core parameter {global_name} has no entry in the conversion "
+                         "table; extend the family's table in megatron_rlep/actor/bridge.py")
+    rule = table[key]
+    if index is None:
+        return rule
+    return type(rule)(*(n.replace("{i}", index) for n in rule.names()))
+
+
+def _tp_dim(param) -> int | None:
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+
+
+def _is_tied_output(model, local_name: str) -> bool:
+    return local_name == "output_layer.weight" and model.share_embeddings_and_output_weights
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class SafetensorsReader:
+    """Lazily reads named tensors from a Hugging Face checkpoint directory."""
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        path = Path(path)
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = [p.name for p in sorted(path.glob("*.safetensors"))]
+        if not files:
+            raise ModelError(f"{path} holds no .safetensors weights; give a Hugging Face checkpoint "
+                             "directory saved with safe_serialization=True")
+        self._handles = [safe_open(str(path / f), framework="pt") for f in files]
+        self._where = {k: h for h in self._handles for k in h.keys()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise ModelError(f"the checkpoint has no tensor {name}; is it a Llama/Qwen2 checkpoint?")
+        return self._where[name].get_tensor(name)
+
+
+@torch.no_grad()
+def load_hf_weights(model, hf_config, get: Callable[[str], torch.Tensor]) -> None:
+    """Copy Hugging Face tensors (``get(name)``) into this rank's shards of ``model``."""
+    from megatron.core import parallel_state
+
+    table = family(hf_config)
+    cfg = model.config
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    for local_name, param in model.named_parameters():
+        name = _global_name(model, local_name)
+        if _is_tied_output(model, local_name):
+            name = "embedding.word_embeddings.weight"
+        rule = _rule(table, name)
+        tensors = [get(n) for n in rule.names()]
+        shard = rule.to_mcore(tensors, cfg, tp_rank, tp_size, _tp_dim(param))
+        if shard.shape != param.shape:
+            raise ModelError(f"{rule.names()[0]} has shape {tuple(tensors[0].shape)} which does not "
+                             f"fit {name} {tuple(param.shape)}; the config and weights disagree")
+        param.copy_(shard)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def _export_plan(model) -> list[tuple[int, str, str, torch.Size, int | None]]:
+    """Every exported parameter of the whole model: (pp rank, local name, global name,
+    full shape, tp dim), the same list in the same order on every rank."""
+    from megatron.core import parallel_state
+
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    mine = []
+    for local_name, param in model.named_parameters():
+        if _is_tied_output(model, local_name):
+            continue
+        dim = _tp_dim(param)
+        shape = list(param.shape)
+        if dim is not None:
+            shape[dim] *= tp_size
+        mine.append((pp_rank, local_name, _global_name(model, local_name), torch.Size(shape), dim))
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp_size == 1:
+        return mine
+    stages = [None] * pp_size
+    dist.all_gather_object(stages, mine, group=parallel_state.get_pipeline_model_parallel_group())
+    return [entry for stage in stages for entry in stage]
+
+
+@torch.no_grad()
+def export_hf(model, hf_config, bucket_bytes: int = 256 << 20
+              ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield the whole model as Hugging Face ``(name, tensor)`` pairs in buckets of at most
+    ``bucket_bytes`` (a single larger tensor is a bucket of its own), on every rank."""
+    from megatron.core import parallel_state
+
+    table = family(hf_config)
+    cfg = model.config
+    params = dict(model.named_parameters())
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    dtype = cfg.params_dtype
+    bucket, size = [], 0
+    for owner, local_name, name, full_shape, dim in _export_plan(model):
+        rule = _rule(table, name)
+        if owner == pp_rank:
+            shard = params[local_name].detach()
+            if tp_size > 1 and dim is not None:
+                shards = [torch.empty_like(shard) for _ in range(tp_size)]
+                dist.all_gather(shards, shard.contiguous(),
+                                group=parallel_state.get_tensor_model_parallel_group())
+            else:
+                shards = [shard]
+            full = torch.cat(shards, dim) if dim is not None else shards[0]
+        else:
+            full = torch.empty(full_shape, dtype=dtype, device=next(iter(params.values())).device)
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            src = dist.get_global_rank(pp_group, owner)
+            dist.broadcast(full, src=src, group=pp_group)
+        split = list(full.chunk(tp_size, dim)) if dim is not None else [full]
+        for hf_name, tensor in zip(rule.names(), rule.to_hf(split, cfg, dim)):
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((hf_name, tensor))
+            size += nbytes
+    if bucket:
+        yield bucket

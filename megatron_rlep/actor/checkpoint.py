@@ -1,0 +1,148 @@
+"""Actor checkpoints: Megatron-Core distributed checkpoints and Hugging Face exports.
+
+``save``/``load`` write and read model, optimiser, scheduler, step and caller state (any
+JSON-able ``extra``, such as the trainer's data position) as a Megatron-Core distributed
+checkpoint, which loads onto a different TP/PP layout. Every rank's RNG state goes beside it
+(``rng/rank-<r>.pt``) and is restored when the layout is the same; on another layout the
+ranks keep their seeded generators.
+
+Both writers are atomic: all ranks write ``<dir>.partial``, rank 0 renames it to ``<dir>``
+only after every rank has finished, so a killed job never leaves a directory that loads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rlep import platform
+
+COMPLETE = "actor_checkpoint.json"
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if platform.has_cuda():
+        state["cuda"] = torch.cuda.get_rng_state()
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    state["tracker"] = get_cuda_rng_tracker().get_states()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and platform.has_cuda():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _layout() -> dict:
+    from megatron.core import parallel_state as ps
+
+    return {"world": dist.get_world_size() if dist.is_initialized() else 1,
+            "tp": ps.get_tensor_model_parallel_world_size(),
+            "pp": ps.get_pipeline_model_parallel_world_size()}
+
+
+def _sharded(model, optimizer, scheduler, loading: bool) -> dict:
+    model_sd = model.sharded_state_dict()
+    return {"model": model_sd,
+            "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading),
+            "scheduler": scheduler.state_dict()}
+
+
+def _publish(partial: Path, final: Path, metadata: dict) -> None:
+    """Rank 0 marks ``partial`` complete and renames it into place once every rank is done."""
+    _barrier()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        (partial / COMPLETE).write_text(json.dumps(metadata, indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+    _barrier()
+
+
+def _prepare(final: Path) -> Path:
+    partial = final.with_name(final.name + ".partial")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    _barrier()
+    return partial
+
+
+def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None) -> Path:
+    from megatron.core import dist_checkpointing
+
+    final = Path(path)
+    partial = _prepare(final)
+    dist_checkpointing.save(_sharded(model, optimizer, scheduler, loading=False), str(partial))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    (partial / "rng").mkdir(exist_ok=True)
+    torch.save(_rng_state(), partial / "rng" / f"rank-{rank}.pt")
+    _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout()})
+    return final
+
+
+def is_complete(path: str | Path) -> bool:
+    return (Path(path) / COMPLETE).is_file()
+
+
+def load(path: str | Path, model, optimizer, scheduler) -> tuple[int, dict]:
+    """Restore into the live objects; returns (step, extra)."""
+    from megatron.core import dist_checkpointing
+
+    path = Path(path)
+    if not is_complete(path):
+        raise FileNotFoundError(f"{path} is not a complete actor checkpoint (no {COMPLETE}); "
+                                "point to a checkpoint directory written by a finished save")
+    meta = json.loads((path / COMPLETE).read_text())
+    state = dist_checkpointing.load(_sharded(model, optimizer, scheduler, loading=True), str(path))
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng = path / "rng" / f"rank-{rank}.pt"
+    if meta["layout"] == _layout() and rng.is_file():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    return int(meta["step"]), meta["extra"]
+
+
+def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:
+    """Write the exported ``buckets`` as a Hugging Face checkpoint (safetensors shards plus the
+    source's config, tokenizer and chat template); every rank iterates, rank 0 writes."""
+    from safetensors.torch import save_file
+
+    final = Path(path)
+    partial = _prepare(final)
+    writer = not dist.is_initialized() or dist.get_rank() == 0
+    weight_map = {}
+    for n, bucket in enumerate(buckets):
+        if writer:
+            name = f"model-{n + 1:05d}.safetensors"
+            save_file({k: v.contiguous().cpu() for k, v in bucket}, str(partial / name),
+                      metadata={"format": "pt"})
+            weight_map.update({k: name for k, _ in bucket})
+    if writer:
+        (partial / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")
+        for item in Path(hf_path).iterdir():
+            if item.is_file() and not item.name.endswith(".safetensors") \
+                    and not item.name.endswith(".safetensors.index.json"):
+                shutil.copy2(item, partial / item.name)
+    _publish(partial, final, {"exported_from": str(hf_path)})
+    return final

@@ -1,0 +1,56 @@
+"""Megatron-Core's optimiser and learning-rate schedule for the actor.
+
+Adam with decoupled weight decay (Megatron skips biases and norms), linear warm-up then a
+constant learning rate, gradient clipping by global norm. On a GPU with data parallelism the
+distributed optimiser shards the optimiser state; on the CPU the plain one is used (the
+distributed optimiser and Megatron's ``clip_grads`` need CUDA tensors), and clipping goes
+through ``platform.clip_grad_norm``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_rlep import platform
+
+
+def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int,
+          total_steps: int, dtype: torch.dtype, distributed: bool):
+    """(optimizer, scheduler) for the DDP-wrapped ``model_chunks``."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    config = OptimizerConfig(
+        optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
+        adam_beta2=0.999, adam_eps=1e-8, clip_grad=grad_clip if platform.has_cuda() else 0.0,
+        bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
+    )
+    optimizer = get_megatron_optimizer(config, model_chunks)
+    steps = max(total_steps, warmup_steps + 1)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=lr, min_lr=lr, lr_warmup_steps=warmup_steps,
+        lr_decay_steps=steps, lr_decay_style="constant", start_wd=weight_decay,
+        end_wd=weight_decay, wd_incr_steps=steps, wd_incr_style="constant",
+    )
+    return optimizer, scheduler
+
+
+def step(optimizer, scheduler, grad_clip: float) -> tuple[float, float]:
+    """One optimiser step; returns (gradient norm before clipping, learning rate used).
+
+    The schedule is advanced first, so update k (from 0) runs at lr * min(1, (k + 1) / warmup).
+    """
+    scheduler.step(increment=1)
+    lr = optimizer.param_groups[0]["lr"]
+    if platform.has_cuda():
+        ok, grad_norm, _ = optimizer.step()
+        if not ok:
+            raise FloatingPointError("the optimiser skipped a step: non-finite gradients")
+        return float(grad_norm or 0.0), lr
+    optimizer.prepare_grads()
+    grad_norm = platform.clip_grad_norm(optimizer.get_parameters(), grad_clip)
+    if not torch.isfinite(torch.tensor(grad_norm)):
+        raise FloatingPointError(f"gradient norm is {grad_norm}: the loss produced non-finite "
+                                 "gradients; lower algorithm.lr or check the batch")
+    optimizer.step_with_ready_grads()
+    return grad_norm, lr

@@ -1,0 +1,85 @@
+"""The RLEP/DAPO objective as small pure functions (METHOD.md, "The method in one screen").
+
+* ``group_advantages``: A_i = (r_i - mean_g) / (std_g + eps) over each prompt's G' = G + M
+  sequences, fresh and replayed alike (``normalize_std=False`` gives Dr. GRPO's r_i - mean_g).
+* ``policy_token_loss``: the per-token clipped surrogate with clip-higher and dual clip,
+  ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, bounded by ``-c A`` when A < 0.
+* ``aggregate``: the token-mean as a (sum, count) pair, so the mean can be taken over the
+  whole optimiser mini-batch - all micro-batches and data-parallel ranks - by summing both.
+
+No Megatron, no distributed code: tensors in, tensors out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """Per-sequence advantages normalised within groups.
+
+    ``rewards[i]`` is sequence i's scalar reward and ``groups[i]`` its prompt's group id.
+    The std is the unbiased (Bessel-corrected) one, as in the reference's GRPO estimator.
+    A group of one sequence carries no comparison and gets advantage 0.
+    """
+    rewards = rewards.double()
+    _, index = torch.unique(groups, return_inverse=True)
+    n = torch.zeros(int(index.max()) + 1, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
+    mean = torch.zeros_like(n).index_add_(0, index, rewards) / n
+    centred = rewards - mean[index]
+    if not normalize_std:
+        return torch.where(n[index] > 1, centred, 0.0).float()
+    var = torch.zeros_like(n).index_add_(0, index, centred**2) / (n - 1).clamp(min=1)
+    advantages = centred / (var.sqrt()[index] + eps)
+    return torch.where(n[index] > 1, advantages, 0.0).float()
+
+
+def policy_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float = 10.0
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token loss of the clipped surrogate (DAPO clip-higher, dual clip).
+
+    ``advantages`` broadcasts against the token tensors (one value per sequence). Returns the
+    token losses, a mask of tokens whose ratio was clipped (the gradient is cut) and a mask of
+    tokens bounded by the dual clip. ``dual_clip <= 1`` turns the dual clip off.
+    """
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    if dual_clip > 1.0:
+        bound = -advantages * dual_clip
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+    else:
+        dual = torch.zeros_like(was_clipped)
+    return loss, was_clipped, dual
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate k3 = exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
+    delta = (ref_logp - logp).clamp(-20.0, 20.0)
+    return delta.exp() - delta - 1.0
+
+
+def aggregate(token_values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, count) whose ratio is the mini-batch loss; ``token_values`` and ``mask`` are
+    [sequences, tokens].
+
+    * ``token-mean``: sum over every response token / number of response tokens (DAPO).
+    * ``seq-mean-token-mean``: each sequence's token mean, summed / number of sequences.
+
+    Summing the pairs over micro-batches and ranks before dividing gives the mean over the
+    whole mini-batch, not a mean of per-micro-batch means.
+    """
+    masked = torch.where(mask, token_values, torch.zeros_like(token_values))
+    lengths = mask.sum(-1)
+    if mode == "token-mean":
+        return masked.sum(), lengths.sum()
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / lengths.clamp(min=1)
+        return per_seq.sum(), (lengths > 0).sum()
+    raise ValueError(f"loss aggregation {mode!r} is unknown; use token-mean or seq-mean-token-mean")

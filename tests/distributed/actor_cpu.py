@@ -1,0 +1,153 @@
+"""The actor on one layout, run alone or under torchrun (tests/test_actor.py drives it).
+
+    actor_cpu.py make MODEL_DIR llama|qwen2 tied|untied
+    actor_cpu.py step MODEL_DIR TP PP OUT     # checks vs transformers, one update, save
+    actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
+
+``step`` asserts logits and log-probs equal transformers' (1e-4) and a bit-exact export, then
+does one optimiser update on a fixed batch and writes OUT/weights.safetensors (exported after
+the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckpt and the
+Hugging Face export OUT/hf.
+Every check raises; the last line printed by rank 0 is "OK ...".
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+VOCAB = 256
+
+
+def make(path, kind, tied):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, tie_word_embeddings=tied == "tied", rope_theta=5000.0)
+    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)  # norms and biases random too, so a wrong mapping shows
+    model.save_pretrained(path)
+
+
+def algorithm():
+    from megatron_rlep.config import AlgorithmConfig
+
+    return AlgorithmConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1, grad_clip=1.0,
+                           clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+
+
+def fixed_batch(logp_of):
+    """Eight sequences of different lengths; old log-probs shifted so some ratios clip."""
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    g = torch.Generator().manual_seed(1)
+    tokens, prompts = [], []
+    for n in range(8):
+        p, r = 3 + n % 4, 2 + (5 * n) % 9
+        tokens.append(torch.randint(0, VOCAB, (p + r,), generator=g).tolist())
+        prompts.append(p)
+    batch = SequenceBatch(tokens, prompts)
+    shifts = [torch.randn(len(t) - p, generator=g) * 0.3 for t, p in zip(tokens, prompts)]
+    batch.old_logp = [lp + s for lp, s in zip(logp_of(batch), shifts)]
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -2.0, 1.5, -0.5, 0.0, 1.0])
+    return batch
+
+
+def reference_logp(model_dir, batch):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for ids, p in zip(batch.tokens, batch.prompt_lengths):
+            logits = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+            out.append(logits[p - 1:-1].gather(-1, torch.tensor(ids[p:])[:, None])[:, 0])
+    return out, model
+
+
+def step(model_dir, tp, pp, out):
+    from safetensors.torch import load_file, save_file
+
+    from megatron_rlep.actor.actor import Actor
+
+    out = Path(out)
+    actor = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    batch = fixed_batch(lambda b: reference_logp(model_dir, b)[0])
+    expected, hf_model = reference_logp(model_dir, batch)
+
+    probe = torch.tensor(batch.tokens[0])[None]
+    diff = (actor.logits(probe) - hf_model(probe).logits).abs().max().item()
+    assert diff < 1e-4, f"logits differ from transformers by {diff}"
+    ours, entropy = actor.logprobs(batch, with_entropy=True)
+    for a, b in zip(ours, expected):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-4, (a, b)
+    assert all(e.shape == a.shape and (e >= 0).all() for e, a in zip(entropy, ours))
+
+    source = {}
+    for f in Path(model_dir).glob("*.safetensors"):
+        source.update(load_file(f))
+    exported = {k: v for bucket in actor.export_hf(bucket_bytes=1 << 14) for k, v in bucket}
+    assert exported.keys() == source.keys(), exported.keys() ^ source.keys()
+    for k in source:
+        assert torch.equal(exported[k], source[k]), f"{k} changed in the round trip"
+
+    metrics = actor.train_step(batch)
+    # the loss over micro-batches of 3 (and DP shares) equals the one-batch token mean
+    from megatron_rlep import loss as objective
+
+    pairs = [objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0].sum()
+             for lp, old, adv in zip(expected, batch.old_logp, batch.advantages)]
+    whole = sum(pairs) / sum(len(lp) for lp in expected)
+    assert abs(metrics["loss"] - whole.item()) < 1e-5, (metrics["loss"], whole.item())
+    weights = {k: v.contiguous() for bucket in actor.export_hf() for k, v in bucket}
+    logits = actor.logits(torch.tensor(batch.tokens[1])[None])
+    actor.save(out / "ckpt", extra={"note": "step test"})
+    actor.save_hf(out / "hf")
+    if rank == 0:
+        save_file(weights, str(out / "weights.safetensors"))
+        torch.save(logits, out / "logits.pt")
+        (out / "metrics.json").write_text(json.dumps(metrics))
+        print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
+
+
+def load(model_dir, outs):
+    from safetensors.torch import load_file
+
+    from megatron_rlep.actor.actor import Actor
+
+    actor = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3)
+    probe = torch.tensor(fixed_batch(lambda b: [torch.zeros(len(t) - p) for t, p in
+                                               zip(b.tokens, b.prompt_lengths)]).tokens[1])[None]
+    for out in map(Path, outs):
+        extra = actor.load(out / "ckpt")
+        assert actor.step == 1 and extra == {"note": "step test"}, (actor.step, extra)
+        weights = load_file(out / "weights.safetensors")
+        loaded = {k: v for bucket in actor.export_hf() for k, v in bucket}
+        assert loaded.keys() == weights.keys()
+        for k in weights:
+            assert torch.equal(loaded[k], weights[k]), f"{k} differs after loading {out}"
+        # same weights; the saving layout summed its TP/PP partial results in another order
+        diff = (actor.logits(probe) - torch.load(out / "logits.pt")).abs().max().item()
+        assert diff < 1e-5, f"logits differ by {diff} after loading {out}"
+        print(f"OK load {out.name} logit_diff={diff:.1e}")
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "make":
+        make(*args)
+    elif command == "step":
+        step(args[0], int(args[1]), int(args[2]), args[3])
+    elif command == "load":
+        load(args[0], args[1:])
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,81 @@
+"""Advantages, the clipped surrogate and token-mean aggregation on hand-computed numbers."""
+
+import math
+
+import pytest
+import torch
+
+from megatron_rlep.loss import aggregate, group_advantages, kl_k3, policy_token_loss
+
+
+def test_all_equal_rewards_give_zero_advantage():
+    for value in (1.0, -1.0, 0.3):
+        adv = group_advantages(torch.full((18,), value), torch.zeros(18, dtype=torch.long))
+        assert torch.equal(adv, torch.zeros(18))
+
+
+def test_advantages_are_normalised_per_mixed_group():
+    # group 7: G = 3 fresh + M = 2 replayed, rewards 1, -1, -1 | 1, 1
+    # mean 0.2, deviations .8 -1.2 -1.2 .8 .8, unbiased var (3*.64 + 2*1.44)/4 = 1.2
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0, 0.5])
+    groups = torch.tensor([7, 7, 7, 7, 7, 3, 3, 9])
+    adv = group_advantages(rewards, groups, eps=0.0)
+    s = math.sqrt(1.2)
+    expected = [0.8 / s, -1.2 / s, -1.2 / s, 0.8 / s, 0.8 / s,
+                -1 / math.sqrt(2), 1 / math.sqrt(2),  # group 3: mean 0, std sqrt(2)
+                0.0]  # a group of one has nothing to compare with
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    centred = group_advantages(rewards, groups, normalize_std=False)
+    assert centred.tolist() == pytest.approx([0.8, -1.2, -1.2, 0.8, 0.8, -1, 1, 0], abs=1e-6)
+
+
+def test_ratio_one_is_never_clipped():
+    logp = torch.tensor([[-0.5, -2.0, -0.1]])
+    for a in (-3.0, -0.2, 0.0, 0.7, 5.0):
+        loss, clipped, dual = policy_token_loss(logp, logp.clone(), torch.tensor([[a]]),
+                                                0.2, 0.28, 3.0)
+        assert torch.allclose(loss, torch.full_like(logp, -a))
+        assert not clipped.any() and not dual.any()
+
+
+def test_clip_higher_and_dual_clip_by_hand():
+    ratio = torch.tensor([1.5, 0.5, 1.1, 5.0, 0.5])
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0])
+    loss, clipped, dual = policy_token_loss(ratio.log(), torch.zeros(5), adv, 0.2, 0.28, 3.0)
+    # 1.5, A=+1: -min(1.5, 1.28) = -1.28 (clipped high at 1 + 0.28)
+    # 0.5, A=-1: -min(-0.5, -0.8) = 0.8 (clipped low at 1 - 0.2)
+    # 1.1, A=+1: inside the range: -1.1
+    # 5.0, A=-1: -min(-5, -1.28) = 5, bounded by the dual clip c * |A| = 3
+    # 0.5, A=+1: -min(0.5, 0.8) = -0.5, the pessimistic unclipped term wins: not clipped
+    assert loss.tolist() == pytest.approx([-1.28, 0.8, -1.1, 3.0, -0.5], abs=1e-6)
+    assert clipped.tolist() == [True, True, False, False, False]
+    assert dual.tolist() == [False, False, False, True, False]
+    no_dual, _, _ = policy_token_loss(ratio.log(), torch.zeros(5), adv, 0.2, 0.28, 1.0)
+    assert no_dual[3].item() == pytest.approx(5.0)
+
+
+def test_token_mean_over_micro_batches_equals_single_batch():
+    # sequences of 3 and 1 response tokens: token-mean (1+2+3+4)/4 = 2.5,
+    # while the mean of the two micro-batch means would be (2 + 4)/2 = 3
+    whole = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    total, count = aggregate(whole, mask)
+    assert (total / count).item() == pytest.approx(2.5)
+    parts = [aggregate(whole[:1], mask[:1]), aggregate(whole[1:, :1], mask[1:, :1])]
+    assert (sum(t for t, _ in parts) / sum(c for _, c in parts)).item() == pytest.approx(2.5)
+    # padding values never leak in, even when not finite
+    poisoned = whole.clone()
+    poisoned[1, 1:] = float("inf")
+    assert aggregate(poisoned, mask)[0].item() == pytest.approx(10.0)
+    total, count = aggregate(whole, mask, "seq-mean-token-mean")
+    assert (total / count).item() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(whole, mask, "sum")
+
+
+def test_kl_k3_is_zero_at_equality_and_positive_elsewhere():
+    logp = torch.tensor([-1.0, -2.0, -0.5])
+    assert torch.equal(kl_k3(logp, logp), torch.zeros(3))
+    ref = torch.tensor([-1.5, -1.0, -0.5])
+    # delta = ref - logp = (-0.5, 1, 0): e^d - d - 1
+    assert kl_k3(logp, ref).tolist() == pytest.approx([math.exp(-0.5) - 0.5, math.e - 2, 0.0])
