@@ -177,9 +177,9 @@ def clip_grad_norm(parameters, max_norm: float, group=None) -> float:
     params = [p for p in parameters if p.grad is not None]
     counted = [p for p in params
                if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
-    square = torch.zeros((), dtype=torch.float64)
-    for p in counted:
-        square += p.grad.detach().double().pow(2).sum()
+    norms = torch._foreach_norm([p.grad.detach() for p in counted]) if counted else []
+    square = torch.stack([n.double() for n in norms]).pow(2).sum() if counted \
+        else torch.zeros((), dtype=torch.float64)
     if dist.is_initialized():
         group = group or parallel_state.get_model_parallel_group()
         dist.all_reduce(square, group=group)

@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from megatron_rlep import loss as objective
 from megatron_rlep import platform
-from megatron_rlep.actor import bridge, checkpoint, optim
+from megatron_rlep.actor import attention, bridge, checkpoint, optim
 from megatron_rlep.actor.batch import SequenceBatch, causal_mask, collate, dp_slice, micro_batches
-from megatron_rlep.actor.logprobs import token_entropy, token_logprobs
+from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
 _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")
@@ -55,7 +55,10 @@ class Actor:
         self.device = platform.device()
         config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
                                            self.dtype, cpu=not platform.has_cuda())
-        model = bridge.gpt_model(self.hf_config, config, platform.layer_spec()).to(self.device)
+        spec = platform.layer_spec()
+        if not platform.have_transformer_engine():
+            spec = attention.with_sdpa(spec)
+        model = bridge.gpt_model(self.hf_config, config, spec).to(self.device)
         bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -88,7 +91,13 @@ class Actor:
             width = mb.tokens.shape[1]
             if width not in masks:
                 masks[width] = causal_mask(width, self.device)
-            output = model(mb.tokens, mb.positions, masks[width])
+            module = self.module
+            last_stage = module.post_process
+            module.post_process = False  # hidden states out: the loss applies the output
+            try:  # layer to the response positions only (see _response_logits)
+                output = model(mb.tokens, mb.positions, masks[width])
+            finally:
+                module.post_process = last_stage
             return output, partial(loss_func, mb)
 
         if not micros:
@@ -105,6 +114,23 @@ class Actor:
         mine = dp_slice(lengths, self.dp_rank, self.dp_size)
         return [collate(batch, index, self.device)
                 for index in micro_batches(mine, lengths, self.micro_batch_size)]
+
+    def _response_logits(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab/tp] of the ``mask``ed positions ([b, s]) from hidden states [s, b, h]."""
+        module = self.module
+        rows = hidden.transpose(0, 1)[mask]
+        weight = module.shared_embedding_or_output_weight() \
+            if module.share_embeddings_and_output_weights else None
+        logits, _ = module.output_layer(rows[:, None], weight=weight)
+        return logits[:, 0]
+
+    def _scored(self, mb, hidden, entropy: str):
+        """[b, s] log-probs and entropies of the response tokens (zero elsewhere)."""
+        logits = self._response_logits(hidden, mb.loss_mask)
+        logp, ent = response_logprobs(logits, mb.labels[mb.loss_mask], self.temperature, entropy)
+        scatter = lambda v: torch.zeros(mb.loss_mask.shape, dtype=v.dtype,  # noqa: E731
+                                        device=v.device).masked_scatter(mb.loss_mask, v)
+        return scatter(logp), (scatter(ent) if ent is not None else None)
 
     def _from_last_stage(self, obj):
         """Broadcast a Python object from the last pipeline stage to the whole PP group."""
@@ -135,15 +161,14 @@ class Actor:
         """Per-sequence log-probs (and entropies) of the response tokens, on every rank."""
         self.model.eval()
 
-        def collect(mb, logits):
-            logp = token_logprobs(logits, mb.labels, self.temperature)
-            ent = token_entropy(logits, self.temperature) if with_entropy else None
+        def collect(mb, hidden):
+            logp, ent = self._scored(mb, hidden, "detached" if with_entropy else "none")
             rows = {}
             for row, i in enumerate(mb.index):
                 keep = mb.loss_mask[row]
                 rows[i] = (logp[row][keep].float().cpu(),
                            ent[row][keep].float().cpu() if ent is not None else None)
-            return torch.zeros((), device=logits.device), torch.tensor(0, dtype=torch.int), {"rows": rows}
+            return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), {"rows": rows}
 
         outputs = self._schedule(self._micros(batch), collect, forward_only=True)
         rows = {}
@@ -165,11 +190,14 @@ class Actor:
         self.model.eval()
         batch = SequenceBatch([t.tolist() for t in tokens], [1] * len(tokens))
 
-        def collect(mb, logits):
+        def collect(mb, hidden):
+            logits = self._response_logits(hidden, mb.loss_mask)
             full = gather_from_tensor_model_parallel_region(logits).float().cpu()
-            return torch.zeros(()), torch.tensor(0, dtype=torch.int), {"rows": dict(zip(mb.index, full))}
+            return torch.zeros(()), torch.tensor(0, dtype=torch.int), \
+                {"rows": dict(zip(mb.index, full.reshape(len(mb.index), -1, full.shape[-1])))}
 
         micros = [collate(batch, list(range(len(batch))), self.device)]
+        micros[0].loss_mask[:] = True  # every position
         rows = {}
         for out in self._schedule(micros, collect, forward_only=True):
             rows.update(out["rows"])
@@ -178,14 +206,9 @@ class Actor:
 
     # ------------------------------------------------------------------ update
 
-    def _policy_loss(self, mb, logits):
+    def _policy_loss(self, mb, hidden):
         a = self.algorithm
-        logp = token_logprobs(logits, mb.labels, self.temperature)
-        if a.entropy_coef:
-            entropy = token_entropy(logits, self.temperature)
-        else:
-            with torch.no_grad():
-                entropy = token_entropy(logits, self.temperature)
+        logp, entropy = self._scored(mb, hidden, "grad" if a.entropy_coef else "detached")
         pg, clipped, dual = objective.policy_token_loss(
             logp, mb.old_logp, mb.advantages, a.clip_low, a.clip_high, a.dual_clip)
         per_token = pg

@@ -166,7 +166,7 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         num_query_groups=groups, kv_channels=getattr(c, "head_dim", None) or c.hidden_size // heads,
         normalization="RMSNorm", layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True,
         activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=qkv_bias,
-        bias_activation_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
+        bias_activation_fusion=True, masked_softmax_fusion=False, apply_rope_fusion=False,
         bias_dropout_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
         # perform_initialization also tags each weight's TP split (partition_dim) on the CPU path
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=cpu,

@@ -1,0 +1,96 @@
+"""One training step of the Megatron-Core actor against a plain transformers + torch step.
+
+Both steps do the same work on the same batch of SmolLM2-135M (the built-in model): forward,
+response-token log-probs at the sampling temperature, entropy (for the metrics), the clipped
+token-mean GRPO loss, backward, gradient clipping and an Adam step. The two alternate so drift
+of the machine hits both alike; the result is the ratio of their token throughputs.
+
+    python benchmarks/actor_step.py [--sequences 8 --prompt 64 --response 192 --repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def make_batch(sequences: int, prompt: int, response: int, vocab: int, seed: int = 0):
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (sequences, prompt + response), generator=g)
+    batch = SequenceBatch(tokens.tolist(), [prompt] * sequences)
+    batch.advantages = torch.randn(sequences, generator=g)
+    return batch
+
+
+def plain_step(model, optimizer, batch, algorithm):
+    """What a transformers user writes: the same loss, torch's own clipping and AdamW."""
+    from megatron_rlep import loss as objective
+
+    tokens = torch.tensor(batch.tokens)
+    p = batch.prompt_lengths[0]
+    logits = model(tokens).logits[:, p - 1:-1].float()
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, tokens[:, p:, None])[..., 0]
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    old = torch.stack(batch.old_logp)
+    token_loss, _, _ = objective.policy_token_loss(logp, old, batch.advantages[:, None],
+                                                   algorithm.clip_low, algorithm.clip_high,
+                                                   algorithm.dual_clip)
+    total, count = objective.aggregate(token_loss, torch.ones_like(logp, dtype=torch.bool))
+    (total / count).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), algorithm.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(entropy.mean())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--response", type=int, default=192)
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    from megatron_rlep.actor.actor import Actor
+    from megatron_rlep.config import AlgorithmConfig
+
+    algorithm = AlgorithmConfig(lr=1e-6, warmup_steps=0)
+    actor = Actor("smollm2-135m", algorithm, 1, 1, micro_batch_size=args.micro_batch_size)
+    model = AutoModelForCausalLM.from_pretrained(actor.hf_path, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1, eps=1e-8)
+    batch = make_batch(args.sequences, args.prompt, args.response, actor.hf_config.vocab_size)
+    batch.old_logp, _ = actor.logprobs(batch)
+    tokens = args.sequences * (args.prompt + args.response)
+
+    times = {"megatron": [], "transformers": []}
+    for repeat in range(args.repeats + 1):  # the first round warms up
+        for name, run in (("megatron", lambda: actor.train_step(batch)),
+                          ("transformers", lambda: plain_step(model, optimizer, batch, algorithm))):
+            start = time.perf_counter()
+            run()
+            if repeat:
+                times[name].append(time.perf_counter() - start)
+    result = {name: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)}
+              for name, t in times.items()}
+    result["ratio_megatron_over_transformers"] = (result["megatron"]["tokens_per_s"]
+                                                  / result["transformers"]["tokens_per_s"])
+    result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
+                       "response": args.response, "micro_batch_size": args.micro_batch_size,
+                       "threads": torch.get_num_threads(), "repeats": args.repeats}
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Causal self-attention through ``torch.nn.functional.scaled_dot_product_attention`` for
+Megatron-Core's local layer specs.
+
+The local spec's ``DotProductAttention`` materialises the [b, heads, s, s] score tensor, applies
+an explicit mask and runs softmax and two batched matmuls unfused; on a CPU that is the slowest
+part of a layer after the linear layers. ``SdpaAttention`` keeps its interface (same inputs,
+same [s, b, heads * dim] output) and computes causal attention with PyTorch's fused kernel,
+grouped-query heads included. Only causal attention without dropout is supported: the actor
+right-pads sequences, so the causal mask is all it needs. Transformer Engine specs keep TE's
+attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+
+class SdpaAttention(DotProductAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.attn_mask_type != AttnMaskType.causal or self.config.attention_dropout:
+            raise ValueError("SdpaAttention supports causal attention without dropout only")
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        # [s, b, heads, dim] -> [b, heads, s, dim]; the causal mask is implied by is_causal
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale,
+            enable_gqa=q.shape[1] != k.shape[1])
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def with_sdpa(layer_spec):
+    """A copy of a local layer spec whose core attention is ``SdpaAttention``."""
+    import copy
+
+    spec = copy.deepcopy(layer_spec)
+    spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    return spec
