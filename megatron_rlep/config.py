@@ -41,6 +41,7 @@ class DataConfig:
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])  # built-in task only
     train_size: int = 256  # built-in task only
     eval_size: int = 64  # built-in task only
+    eval_samples: int = 1  # answers per held-out question at validation (paper: 32)
     max_prompt_length: int = 1024
 
 
@@ -50,6 +51,7 @@ class AlgorithmConfig:
     rollouts_per_prompt: int = 16  # G
     replay_per_prompt: int = 2  # M (0 = no replay)
     pool: Optional[str] = None  # experience pool: pool directory or RLEP release parquet
+    fill_absent: bool = True  # a question absent from the pool gets G + M fresh rollouts (else G)
     prompts_per_rollout: int = 512
     prompts_per_update: int = 64
     epochs: int = 1
@@ -80,6 +82,7 @@ class RolloutConfig:
     tensor_parallel: int = 1
     gpu_memory_utilization: float = 0.6
     batch_size: int = 64  # sequences per generate call (transformers engine)
+    check_sync: bool = False  # after each weight sync, compare engine and actor logits (slow)
 
 
 @dataclass
@@ -95,7 +98,10 @@ class LoggingConfig:
     project: str = "megatron_rlep"
     name: Optional[str] = None
     log_every: int = 1
-    eval_every: int = 10
+    eval_every: int = 10  # validation every N steps (0: never), and at the first and last step
+    save_every: int = 50  # checkpoint every N steps (0: only at the end)
+    dump_batches: bool = False  # write each step's groups to run_dir/batches/ (debugging, tests)
+    progress: bool = True  # a live progress bar on rank 0
 
 
 @dataclass
@@ -114,6 +120,7 @@ class Config:
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     seed: int = 1
     run_dir: str = "runs/default"
+    resume: bool = True  # continue from run_dir/checkpoints/latest when it exists
     samples: int = 4  # quickstart: answers per question
     questions: int = 8  # quickstart: questions shown
 
@@ -152,7 +159,8 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
     "parallel.micro_batch_size": (1, None), "data.train_size": (1, None),
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
-    "data.max_prompt_length": (1, None),
+    "data.max_prompt_length": (1, None), "data.eval_samples": (1, None),
+    "logging.eval_every": (0, None), "logging.save_every": (0, None),
 }
 
 

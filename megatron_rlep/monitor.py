@@ -1,0 +1,88 @@
+"""Where a run's numbers go: ``metrics.jsonl`` in the run directory, Weights & Biases (online,
+offline or disabled) and a live progress bar. Only rank 0 writes; other ranks get a silent
+monitor. The JSONL file is the record the plots and reports read; wandb mirrors it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+class Monitor:
+    def __init__(self, run_dir: str | Path, logging, config: dict, total_steps: int,
+                 first_step: int = 0, active: bool = True):
+        self.active = active
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.wandb = None
+        self.bar = None
+        if not active:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if first_step == 0 and self.path.exists():
+            self.path.unlink()  # a fresh run; a resumed one appends
+        else:
+            self._truncate_after(first_step + 1)
+        if logging.wandb != "disabled":
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.wandb = wandb.init(project=logging.project, name=logging.name, config=config,
+                                    dir=str(self.path.parent), mode=logging.wandb,
+                                    resume="allow", id=_run_id(self.path.parent))
+        if logging.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=first_step, unit="step", desc="training",
+                            dynamic_ncols=True)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop lines of steps after the checkpoint (they are redone)."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", -1) < step]
+        self.path.write_text("".join(line + "\n" for line in keep))
+
+    def log(self, step: int, metrics: dict, advance: bool = True) -> None:
+        if not self.active:
+            return
+        record = {"step": step, "time": time.time(), **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+        if self.bar is not None and advance:
+            shown = {k.split("/", 1)[1]: f"{v:.3g}" for k, v in metrics.items()
+                     if k in ("train/acc_fresh", "train/acc_replay", "train/reward", "val/acc",
+                              "time/step_s") and v is not None}
+            self.bar.set_postfix(shown, refresh=False)
+            self.bar.update(1)
+
+    def artifact(self, path: str | Path, name: str, kind: str) -> None:
+        if self.active and self.wandb is not None and Path(path).exists():
+            import wandb
+
+            art = wandb.Artifact(name, type=kind)
+            (art.add_dir if Path(path).is_dir() else art.add_file)(str(path))
+            self.wandb.log_artifact(art)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _run_id(run_dir: Path) -> str:
+    """One wandb run per run directory, kept across resumes."""
+    marker = run_dir / "wandb_id.txt"
+    if marker.is_file():
+        return marker.read_text().strip()
+    import uuid
+
+    run_id = uuid.uuid4().hex[:12]
+    marker.write_text(run_id + "\n")
+    return run_id

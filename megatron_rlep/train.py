@@ -1,0 +1,324 @@
+"""The trainer: DAPO/GRPO, and RLEP when ``algorithm.replay_per_prompt`` M > 0.
+
+    python -m megatron_rlep.train experiment=<preset> [key=value ...]
+
+One step reads like the paper's Figure 2: prompts -> G fresh rollouts each (the engine is asked
+only for the fresh slots) -> M replays each from the experience pool -> rewards -> advantages
+over each G' = G + M group -> updates in mini-batches of ``prompts_per_update`` prompts ->
+weight sync into the engine -> validation now and then -> checkpoint now and then.
+
+Run under torchrun/srun for TP/PP/DP; every rank runs this loop with the same data. The step's
+prompt order and replays are pure functions of (seed, position, step), so a resumed run
+continues the same streams.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rlep.actor.actor import Actor
+from megatron_rlep.actor.batch import SequenceBatch
+from megatron_rlep.config import Config, ConfigError
+from megatron_rlep.data import Example, load_examples
+from megatron_rlep.groups import Group, assign_advantages, plan_group, replay_sample, score_groups
+from megatron_rlep.monitor import Monitor
+from megatron_rlep.pool import ExperiencePool
+from megatron_rlep.rollout import generate_sharded, make_engine
+from megatron_rlep.verifier import Verifier
+
+
+def is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class PromptStream:
+    """Training prompts in a seeded order, reshuffled every epoch; ``cursor`` counts prompts
+    handed out so far (saved in checkpoints)."""
+
+    def __init__(self, examples: list[Example], seed: int, cursor: int = 0):
+        if not examples:
+            raise ValueError("the training set is empty; check data.train")
+        self.examples, self.seed, self.cursor = examples, seed, cursor
+
+    def take(self, n: int) -> list[Example]:
+        out = []
+        for _ in range(n):
+            epoch, pos = divmod(self.cursor, len(self.examples))
+            order = list(range(len(self.examples)))
+            random.Random(self.seed * 100003 + epoch).shuffle(order)
+            out.append(self.examples[order[pos]])
+            self.cursor += 1
+        return out
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        a, r = cfg.algorithm, cfg.rollout
+        self.run_dir = Path(cfg.run_dir)
+        self.actor = Actor(cfg.model.path, a, cfg.parallel.tensor_parallel,
+                           cfg.parallel.pipeline_parallel, cfg.parallel.micro_batch_size,
+                           cfg.model.dtype, r.temperature, cfg.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
+        self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
+                                  cfg.data.max_prompt_length + r.max_response_length)
+        self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
+                                 overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
+        self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
+                                       **_task_kwargs(cfg, cfg.data.train, cfg.data.train_size))
+        self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
+                                              **_task_kwargs(cfg, name, cfg.data.eval_size))
+                          for name in cfg.data.eval}
+        if a.replay_per_prompt and not a.pool:
+            raise ConfigError("config key algorithm.pool is empty but algorithm.replay_per_prompt "
+                              f"is {a.replay_per_prompt}; give a pool directory from "
+                              "tools/build_pool.py or the RLEP release parquet, or set M to 0.")
+        self.pool = ExperiencePool.load(a.pool) if a.replay_per_prompt else None
+        self.step, cursor = 0, 0
+        latest = self.run_dir / "checkpoints" / "latest"
+        if cfg.resume and latest.is_file():
+            extra = self.actor.load(self.run_dir / "checkpoints" / latest.read_text().strip())
+            self.step, cursor = extra["step"], extra["cursor"]
+            self.sync_weights()
+        self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
+
+    # ------------------------------------------------------------------ one step
+
+    def collect(self, examples: list[Example], step: int) -> list[Group]:
+        """G' groups for ``examples``: fresh rollouts and replays, scored."""
+        a, r = self.cfg.algorithm, self.cfg.rollout
+        groups = []
+        for ex in examples:
+            replays, fresh = plan_group(ex, self.pool, a.rollouts_per_prompt, a.replay_per_prompt,
+                                        a.fill_absent, self.cfg.seed, step)
+            prompt_ids = self._prompt_ids(ex)
+            groups.append(Group(ex, prompt_ids, replays, fresh))
+        completions = generate_sharded(
+            self.engine, [g.example.prompt for g in groups], [g.fresh_requested for g in groups],
+            r.tensor_parallel, temperature=r.temperature, top_p=r.top_p,
+            max_tokens=r.max_response_length, seed=self.cfg.seed * 100003 + step)
+        from megatron_rlep.groups import Sample
+
+        for group, fresh in zip(groups, completions):
+            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished)
+                             for c in fresh]
+            group.samples += [replay_sample(t, self.tokenizer, r.max_response_length)
+                              for t in group.replays]
+        score_groups(groups, self.verifier)
+        return groups
+
+    def _prompt_ids(self, example: Example) -> tuple[int, ...]:
+        ids = self.tokenizer.apply_chat_template(list(example.prompt), add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        return tuple(ids[-self.cfg.data.max_prompt_length:])  # left-truncated
+
+    def gather_groups(self, step: int) -> tuple[list[Group], dict]:
+        """prompts_per_rollout groups; with dynamic sampling, groups whose G' rewards are all
+        equal are dropped and more prompts are drawn, at most max_resample_batches times."""
+        a = self.cfg.algorithm
+        groups = self.collect(self.prompts.take(a.prompts_per_rollout), step)
+        drawn, dropped = len(groups), 0
+        if a.dynamic_sampling:
+            kept = [g for g in groups if not g.all_equal()]
+            dropped = len(groups) - len(kept)
+            for _ in range(a.max_resample_batches):
+                if len(kept) >= a.prompts_per_rollout:
+                    break
+                more = self.collect(self.prompts.take(a.prompts_per_rollout), step)
+                drawn += len(more)
+                kept += [g for g in more if not g.all_equal()]
+                dropped += sum(g.all_equal() for g in more)
+            groups = kept[:a.prompts_per_rollout]
+        return groups, {"prompts_drawn": drawn, "groups_dropped": dropped}
+
+    def update(self, groups: list[Group]) -> list[dict]:
+        """Old log-probs from the current policy, then one optimiser update per mini-batch of
+        ``prompts_per_update`` prompts (x epochs)."""
+        a = self.cfg.algorithm
+        assign_advantages(groups, a.normalize_std)
+        batch = _sequences(groups)
+        batch.old_logp, _ = self.actor.logprobs(batch)
+        offsets = [0]
+        for g in groups:
+            offsets.append(offsets[-1] + len(g.samples))
+        results = []
+        for _ in range(a.epochs):
+            for start in range(0, len(groups), a.prompts_per_update):
+                stop = min(start + a.prompts_per_update, len(groups))
+                index = list(range(offsets[start], offsets[stop]))
+                results.append(self.actor.train_step(_subset(batch, index)))
+        return results
+
+    def sync_weights(self) -> dict:
+        """Stream the actor's weights into the engine (every rank takes part in the export)."""
+        start = time.perf_counter()
+        buckets = self.actor.export_hf()
+        if self.engine is not None:
+            self.engine.load_weights(buckets)
+        else:
+            for _ in buckets:  # the collectives of the export still need this rank
+                pass
+        out = {"time/sync_s": time.perf_counter() - start}
+        if self.cfg.rollout.check_sync:
+            out["sync/max_logit_diff"] = self._sync_difference()
+        return out
+
+    def _sync_difference(self) -> float:
+        probe = torch.tensor([self._prompt_ids(self.train_set[0])])
+        actor = self.actor.logits(probe)
+        diff = torch.zeros(())
+        if self.engine is not None and hasattr(self.engine, "logits"):
+            diff = (self.engine.logits(probe) - actor).abs().max()
+        if dist.is_initialized():
+            dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+        return float(diff)
+
+    def validate(self) -> dict:
+        r, out = self.cfg.rollout, {}
+        accs = []
+        for name, examples in self.eval_sets.items():
+            completions = generate_sharded(
+                self.engine, [e.prompt for e in examples], [self.cfg.data.eval_samples] * len(examples),
+                r.tensor_parallel, temperature=r.temperature, top_p=r.top_p,
+                max_tokens=r.max_response_length, seed=self.cfg.seed)
+            correct = [self.verifier.verdict(c.text, e.ground_truth)[0]
+                       for e, group in zip(examples, completions) for c in group]
+            acc = sum(correct) / max(len(correct), 1)
+            out[f"val/{name}/mean@{self.cfg.data.eval_samples}"] = acc
+            accs.append(acc)
+        out["val/acc"] = sum(accs) / len(accs) if accs else None
+        return out
+
+    def save(self, step: int) -> None:
+        name = f"step-{step:06d}"
+        self.actor.save(self.run_dir / "checkpoints" / name, extra={"step": step, "cursor": self.prompts.cursor})
+        if is_rank0():
+            latest = self.run_dir / "checkpoints" / "latest"
+            tmp = latest.with_suffix(".tmp")
+            tmp.write_text(name + "\n")
+            tmp.replace(latest)
+        if dist.is_initialized():
+            dist.barrier()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        cfg, a = self.cfg, self.cfg.algorithm
+        monitor = Monitor(self.run_dir, cfg.logging, _plain(cfg), a.total_steps, self.step, is_rank0())
+        every = cfg.logging.eval_every
+        try:
+            while self.step < a.total_steps:
+                step = self.step
+                metrics = {}
+                if every and step == 0:
+                    monitor.log(0, self.validate(), advance=False)  # the untrained policy
+                t0 = time.perf_counter()
+                groups, info = self.gather_groups(step)
+                t1 = time.perf_counter()
+                updates = self.update(groups) if groups else []
+                t2 = time.perf_counter()
+                metrics.update(self.sync_weights() if updates else {})
+                self.step += 1
+                if every and (self.step % every == 0 or self.step == a.total_steps):
+                    metrics.update(self.validate())
+                metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
+                metrics["time/step_s"] = time.perf_counter() - t0
+                if cfg.logging.dump_batches and is_rank0():
+                    _dump(self.run_dir / "batches" / f"step-{step:06d}.json", groups)
+                if self.step == a.total_steps or (cfg.logging.save_every
+                                                  and self.step % cfg.logging.save_every == 0):
+                    self.save(self.step)
+                monitor.log(self.step, metrics)
+        finally:
+            monitor.close()
+            self.verifier.close()
+
+
+def _task_kwargs(cfg: Config, spec: str, n: int) -> dict:
+    """Arguments of the built-in task; other datasets take none."""
+    return {"levels": cfg.data.levels, "n": n, "seed": cfg.seed} if spec == "arithmetic" else {}
+
+
+def _sequences(groups: list[Group]) -> SequenceBatch:
+    tokens, prompts, adv = [], [], []
+    for g in groups:
+        for s in g.samples:
+            tokens.append(list(g.prompt_ids) + list(s.response_ids))
+            prompts.append(len(g.prompt_ids))
+            adv.append(s.advantage)
+    return SequenceBatch(tokens, prompts, advantages=torch.tensor(adv))
+
+
+def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
+    return SequenceBatch([batch.tokens[i] for i in index], [batch.prompt_lengths[i] for i in index],
+                         advantages=batch.advantages[index],
+                         old_logp=[batch.old_logp[i] for i in index])
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
+    fresh = [s for g in groups for s in g.samples if not s.replay]
+    replay = [s for g in groups for s in g.samples if s.replay]
+    every = fresh + replay
+    out = {
+        "train/acc_fresh": _mean(s.correct for s in fresh),
+        "train/acc_replay": _mean(s.correct for s in replay),
+        "train/reward": _mean(s.reward for s in every),
+        "train/reward_fresh": _mean(s.reward for s in fresh),
+        "train/replay_fraction": len(replay) / max(len(every), 1),
+        "train/response_length": _mean(len(s.response_ids) for s in every),
+        "train/response_length_fresh": _mean(len(s.response_ids) for s in fresh),
+        "train/truncated_fraction": _mean(not s.finished for s in every),
+        "train/groups": len(groups), "train/sequences": len(every),
+        "train/prompts_drawn": info["prompts_drawn"], "train/groups_dropped": info["groups_dropped"],
+        "time/rollout_s": rollout_s, "time/update_s": update_s,
+    }
+    for key in ("loss", "clip_fraction", "dual_clip_fraction", "entropy", "grad_norm", "lr"):
+        out[f"actor/{key}"] = _mean(u[key] for u in updates)
+    tokens = sum(u["tokens"] for u in updates)
+    out["perf/update_tokens_per_s"] = tokens / update_s if update_s > 0 else None
+    out["perf/rollout_tokens_per_s"] = sum(len(s.response_ids) for s in fresh) / rollout_s \
+        if rollout_s > 0 else None
+    return out
+
+
+def _dump(path: Path, groups: list[Group]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = [{"id": g.example.id, "prompt_ids": list(g.prompt_ids), "replays": g.replays,
+             "fresh_requested": g.fresh_requested,
+             "samples": [{"replay": s.replay, "response_ids": list(s.response_ids), "text": s.text,
+                          "finished": s.finished, "reward": s.reward, "correct": s.correct,
+                          "advantage": s.advantage} for s in g.samples]} for g in groups]
+    path.write_text(json.dumps(data))
+
+
+def _plain(cfg: Config) -> dict:
+    return asdict(cfg)
+
+
+def main(cfg: Config) -> None:
+    import logging
+
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # per-bucket parameter listings
+    Trainer(cfg).run()
+    if dist.is_initialized():
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    from megatron_rlep.cli import hydra_entry
+
+    hydra_entry(main, "config")

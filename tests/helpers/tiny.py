@@ -1,0 +1,61 @@
+"""Tiny models and pools for trainer tests: a random 2-layer Llama with SmolLM2's tokenizer (so
+chat templates, EOS and replays tokenise for real) and an RLEP-release-format pool parquet.
+
+    python tests/helpers/tiny.py model DIR
+    python tests/helpers/tiny.py pool FILE.parquet TRAIN_SIZE LEVELS SEED
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+
+def make_model(out: str | Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from megatron_rlep.builtin_model import resolve_model_path
+
+    out = Path(out)
+    source = Path(resolve_model_path("smollm2-135m"))
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, rope_theta=100000.0)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    return out
+
+
+def make_pool(out: str | Path, train_size: int, levels, seed: int) -> Path:
+    """Every 4th question is absent, every 4th + 1 has a single answer, the rest have three."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rlep import arithmetic
+
+    rows = []
+    for i, ex in enumerate(arithmetic.examples("train", levels, train_size, seed)):
+        if i % 4 == 0:
+            continue
+        answers = [f"The sum works out.\nAnswer: {ex.ground_truth}",
+                   f"Step by step, the result is {ex.ground_truth}.\nAnswer: {ex.ground_truth}",
+                   f"{'Long reasoning. ' * 12}\nAnswer: {ex.ground_truth}"]
+        rows.append({"data_source": ex.data_source, "prompt": list(ex.prompt), "ability": "math",
+                     "reward_model": {"style": "rule", "ground_truth": ex.ground_truth,
+                                      "candidates": answers[:1] if i % 4 == 1 else answers},
+                     "extra_info": {"index": ex.id}})
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return Path(out)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "model":
+        make_model(sys.argv[2])
+    else:
+        make_pool(sys.argv[2], int(sys.argv[3]), [int(x) for x in sys.argv[4].split(",")],
+                  int(sys.argv[5]))

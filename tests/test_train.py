@@ -1,0 +1,115 @@
+"""The trainer for real: a tiny Llama (SmolLM2's tokenizer) trained for a few steps with M = 2
+from a release-format pool, checked from the batches the trainer itself dumped; the same with
+two processes (TP = 2, and DP = 2); resume continues the same streams."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import tiny  # noqa: E402
+
+G, M, PROMPTS, STEPS = 3, 2, 4, 2
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    model = tiny.make_model(root / "model")
+    pool = tiny.make_pool(root / "pool.parquet", 8, [1, 2], 1)
+    return model, pool
+
+
+def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900):
+    model, pool = assets
+    args = [f"model.path={model}", "data.train_size=8", "data.levels=[1,2]", "data.eval_size=4",
+            f"algorithm.prompts_per_rollout={PROMPTS}", "algorithm.prompts_per_update=2",
+            f"algorithm.rollouts_per_prompt={G}", f"algorithm.replay_per_prompt={M}",
+            f"algorithm.pool={pool}", f"algorithm.total_steps={steps}", "algorithm.lr=1e-3",
+            "algorithm.warmup_steps=0", "algorithm.overlong_buffer=4", "rollout.engine=transformers",
+            "rollout.max_response_length=12", "logging.wandb=offline", "logging.dump_batches=true",
+            "logging.eval_every=2", "logging.save_every=1", "logging.progress=false",
+            "rollout.check_sync=true", f"run_dir={run_dir}", *extra]
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    result = subprocess.run([*launcher, "-m", "megatron_rlep.train", *args], capture_output=True,
+                            text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS):
+    from transformers import AutoTokenizer
+
+    from megatron_rlep.data import load_parquet
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    pool_answers = {ex.question.strip(): ex.candidates for ex in load_parquet(pool)}
+    for step in range(steps):
+        groups = json.loads((run_dir / "batches" / f"step-{step:06d}.json").read_text())
+        assert len(groups) == PROMPTS
+        for g in groups:
+            fresh = [s for s in g["samples"] if not s["replay"]]
+            replay = [s for s in g["samples"] if s["replay"]]
+            question = tokenizer.decode(g["prompt_ids"])
+            answers = next((a for q, a in pool_answers.items() if q in question), ())
+            expected_replays = min(M, len(answers))
+            assert len(replay) == expected_replays, (len(replay), answers)
+            assert len(set(g["replays"])) == len(g["replays"]) and set(g["replays"]) <= set(answers)
+            # the engine was asked for the fresh slots only: G, or more where the pool ran short
+            assert g["fresh_requested"] == G + M - expected_replays == len(fresh)
+            for s, text in zip(replay, g["replays"]):
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                assert s["response_ids"] == ids[:12]
+                assert s["finished"] == (len(ids) <= 12)
+            rewards = [s["reward"] for s in g["samples"]]
+            mean = sum(rewards) / len(rewards)
+            std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+            for s in g["samples"]:
+                expected = 0.0 if std == 0 else (s["reward"] - mean) / (std + 1e-6)
+                assert s["advantage"] == pytest.approx(expected, abs=1e-5)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0] + list(range(1, steps + 1))
+    for x in lines[1:]:
+        assert x["sync/max_logit_diff"] < 1e-4, "the engine's logits differ from the actor's"
+        assert x["train/replay_fraction"] > 0 and x["actor/grad_norm"] > 0
+    return lines
+
+
+@pytest.mark.e2e
+def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path):
+    train(assets, tmp_path / "run")
+    lines = check_batches(tmp_path / "run", *assets)
+    assert "val/acc" in lines[0] and "val/acc" in lines[-1]
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("layout", [["parallel.tensor_parallel=2"], []], ids=["tp2", "dp2"])
+def test_rlep_steps_under_two_processes(assets, tmp_path, layout):
+    train(assets, tmp_path / "run", *layout, nproc=2)
+    check_batches(tmp_path / "run", *assets)
+
+
+@pytest.mark.e2e
+def test_resume_continues_the_same_streams(assets, tmp_path):
+    train(assets, tmp_path / "straight", steps=3)
+    train(assets, tmp_path / "resumed", steps=1)
+    train(assets, tmp_path / "resumed", steps=3)
+    for step in range(3):
+        a = json.loads((tmp_path / "straight" / "batches" / f"step-{step:06d}.json").read_text())
+        b = json.loads((tmp_path / "resumed" / "batches" / f"step-{step:06d}.json").read_text())
+        assert [g["prompt_ids"] for g in a] == [g["prompt_ids"] for g in b], step
+        assert [g["replays"] for g in a] == [g["replays"] for g in b], step
+        assert [[s["response_ids"] for s in g["samples"]] for g in a] == \
+               [[s["response_ids"] for s in g["samples"]] for g in b], step
+    steps = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
