@@ -63,3 +63,9 @@ def test_entry_point_prints_one_line_and_exits_2():
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: config key samples=0 is out of range; it must be "
                                      ">= 1.")
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_every_preset_composes_and_validates(preset):
+    cfg = compose([f"experiment={preset}"])
+    assert cfg.algorithm.prompts_per_rollout % cfg.algorithm.prompts_per_update == 0

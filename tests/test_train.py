@@ -113,3 +113,19 @@ def test_resume_continues_the_same_streams(assets, tmp_path):
                [[s["response_ids"] for s in g["samples"]] for g in b], step
     steps = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
+
+
+@pytest.mark.e2e
+def test_dynamic_sampling_keeps_whole_aligned_groups(assets, tmp_path):
+    # the random tiny model never answers right: only groups holding replays have mixed rewards
+    train(assets, tmp_path / "run", "algorithm.dynamic_sampling=true",
+          "algorithm.max_resample_batches=3", steps=1)
+    groups = json.loads((tmp_path / "run" / "batches" / "step-000000.json").read_text())
+    assert groups, "dynamic sampling kept no group"
+    for g in groups:
+        assert len(g["samples"]) == G + M
+        assert len({s["reward"] for s in g["samples"]}) > 1, "an all-equal group was kept"
+        assert any(s["replay"] for s in g["samples"])
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["train/groups_dropped"] > 0 and line["train/prompts_drawn"] > PROMPTS
+    assert line["train/groups"] == len(groups)
