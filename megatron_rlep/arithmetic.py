@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from megatron_rlep.data import Example, dapo_prompt
+from megatron_rlep.data import DataError, Example, dapo_prompt
 
 TEST_BUCKETS = 8  # one bucket of eight is the test split
 # One worked example before each question shows the 135M model the "Answer:" line format.
@@ -72,18 +72,18 @@ def split_of(expression: str) -> str:
 def examples(split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0) -> list[Example]:
     """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``."""
     if split not in ("train", "test"):
-        raise ValueError(f"arithmetic split={split!r} is unknown; use 'train' or 'test'.")
+        raise DataError(f"arithmetic split={split!r} is unknown; use 'train' or 'test'.")
     levels = [levels] if isinstance(levels, int) else list(levels)
     unknown = [lv for lv in levels if lv not in LEVELS]
     if unknown or not levels:
-        raise ValueError(f"arithmetic levels={levels} has unknown levels {unknown}; choose from "
+        raise DataError(f"arithmetic levels={levels} has unknown levels {unknown}; choose from "
                          f"{sorted(LEVELS)}.")
     rng = random.Random(f"arithmetic:{seed}")
     out, seen, attempts = [], set(), 0
     while len(out) < n:
         attempts += 1
         if attempts > 1000 * n:
-            raise ValueError(f"arithmetic levels={levels} cannot supply {n} distinct {split} "
+            raise DataError(f"arithmetic levels={levels} cannot supply {n} distinct {split} "
                              f"problems; ask for fewer or add levels.")
         level = levels[len(out) % len(levels)]
         expression, answer = LEVELS[level](rng)
