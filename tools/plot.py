@@ -1,0 +1,120 @@
+"""Curves of several runs on one figure, from their ``metrics.jsonl``.
+
+    python tools/plot.py RUN_DIR [RUN_DIR ...] -o curves.png [--metric val/acc] [--smooth K]
+
+Draws the metric against step for every run, marks each run's peak, and marks where a run first
+reaches another run's peak (the paper's "RLEP reaches the baseline's peak at step 135").
+Writes the same numbers to ``curves.json`` next to the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def read_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; give run directories written by "
+                                "python -m megatron_rlep.train")
+    points = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if record.get(metric) is not None:
+                points[record["step"]] = float(record[metric])  # a resumed step: the last wins
+    return sorted(points.items())
+
+
+def smooth(values: list[float], k: int) -> list[float]:
+    """Trailing mean over the last ``k`` points (k <= 1: unchanged)."""
+    if k <= 1:
+        return list(values)
+    return [sum(values[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1))
+            for i in range(len(values))]
+
+
+def summarise(curves: dict[str, list[tuple[int, float]]]) -> dict:
+    """Peak per run, and for every ordered pair the first step where one reaches the other's peak."""
+    out = {}
+    for name, points in curves.items():
+        if not points:
+            out[name] = {"curve": [], "peak": None, "peak_step": None, "final": None}
+            continue
+        peak_step, peak = max(points, key=lambda p: (p[1], -p[0]))
+        out[name] = {"curve": points, "peak": peak, "peak_step": peak_step, "final": points[-1][1],
+                     "reaches_peak_of": {}}
+    for a in curves:
+        for b in curves:
+            if a != b and out[a]["peak"] is not None and out[b]["peak"] is not None:
+                step = next((s for s, v in curves[a] if v >= out[b]["peak"]), None)
+                out[a]["reaches_peak_of"][b] = step
+    return out
+
+
+def plot(curves: dict, summary: dict, metric: str, output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, points in curves.items():
+        if not points:
+            continue
+        steps, values = zip(*points)
+        (line,) = ax.plot(steps, values, marker="o", markersize=3, label=name)
+        s = summary[name]
+        ax.scatter([s["peak_step"]], [s["peak"]], s=90, marker="*", color=line.get_color(),
+                   zorder=5)
+        ax.annotate(f"peak {s['peak']:.3f} @ {s['peak_step']}", (s["peak_step"], s["peak"]),
+                    textcoords="offset points", xytext=(4, 6), fontsize=8, color=line.get_color())
+        for other, step in s["reaches_peak_of"].items():
+            if step is not None and step < summary[other]["peak_step"]:
+                ax.axvline(step, color=line.get_color(), linestyle=":", linewidth=1)
+                ax.annotate(f"{name} reaches {other}'s peak @ {step}", (step, ax.get_ylim()[0]),
+                            rotation=90, fontsize=7, va="bottom", ha="right",
+                            color=line.get_color())
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("-o", "--output", type=Path, default=Path("curves.png"))
+    parser.add_argument("--metric", default="val/acc")
+    parser.add_argument("--smooth", type=int, default=1, help="trailing mean over K points")
+    parser.add_argument("--names", nargs="*", help="legend names (default: directory names)")
+    args = parser.parse_args(argv)
+    names = args.names or [r.name for r in args.runs]
+    if len(names) != len(args.runs):
+        print("error: --names needs one name per run directory", file=sys.stderr)
+        return 2
+    try:
+        raw = {n: read_curve(r, args.metric) for n, r in zip(names, args.runs)}
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    curves = {n: list(zip([s for s, _ in p], smooth([v for _, v in p], args.smooth)))
+              for n, p in raw.items()}
+    summary = summarise(curves)
+    plot(curves, summary, args.metric + (f" (mean of {args.smooth})" if args.smooth > 1 else ""),
+         args.output)
+    args.output.with_suffix(".json").write_text(json.dumps(
+        {"metric": args.metric, "smooth": args.smooth, "runs": summary}, indent=1) + "\n")
+    print(json.dumps({n: {k: v for k, v in s.items() if k != "curve"} for n, s in summary.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
