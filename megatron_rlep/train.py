@@ -237,6 +237,8 @@ class Trainer:
                 if self.step == a.total_steps or (cfg.logging.save_every
                                                   and self.step % cfg.logging.save_every == 0):
                     self.save(self.step)
+                if self.step == a.total_steps:
+                    self.actor.save_hf(self.run_dir / "hf")  # the policy for pools and evaluation
                 monitor.log(self.step, metrics)
         finally:
             monitor.close()

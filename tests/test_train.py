@@ -90,6 +90,9 @@ def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path):
     assert "val/acc" in lines[0] and "val/acc" in lines[-1]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run"
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").config.num_hidden_layers == 2
 
 
 @pytest.mark.e2e
