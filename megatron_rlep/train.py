@@ -27,7 +27,8 @@ from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.config import Config, ConfigError
 from megatron_rlep.data import Example, load_examples
-from megatron_rlep.groups import Group, assign_advantages, plan_group, replay_sample, score_groups
+from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
+                                  score_groups)
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.pool import ExperiencePool
 from megatron_rlep.rollout import generate_sharded, make_engine
@@ -106,8 +107,6 @@ class Trainer:
             self.engine, [g.example.prompt for g in groups], [g.fresh_requested for g in groups],
             r.tensor_parallel, temperature=r.temperature, top_p=r.top_p,
             max_tokens=r.max_response_length, seed=self.cfg.seed * 100003 + step)
-        from megatron_rlep.groups import Sample
-
         for group, fresh in zip(groups, completions):
             group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished)
                              for c in fresh]
@@ -213,7 +212,7 @@ class Trainer:
 
     def run(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
-        monitor = Monitor(self.run_dir, cfg.logging, _plain(cfg), a.total_steps, self.step, is_rank0())
+        monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), a.total_steps, self.step, is_rank0())
         every = cfg.logging.eval_every
         try:
             while self.step < a.total_steps:
@@ -305,10 +304,6 @@ def _dump(path: Path, groups: list[Group]) -> None:
                           "finished": s.finished, "reward": s.reward, "correct": s.correct,
                           "advantage": s.advantage} for s in g.samples]} for g in groups]
     path.write_text(json.dumps(data))
-
-
-def _plain(cfg: Config) -> dict:
-    return asdict(cfg)
 
 
 def main(cfg: Config) -> None:
