@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from megatron_rlep.config import CONF_DIR, Config, ConfigError, check_overrides, load_config
+from megatron_rlep.config import (CONF_DIR, SCHEMAS, Config, ConfigError, check_overrides,
+                                   load_config)
 from megatron_rlep.data import DataError
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError)
@@ -32,7 +33,7 @@ def hydra_entry(job: Callable[[Config], object], config_name: str = "config") ->
     @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base=None)
     def _main(raw):
         try:
-            return job(load_config(raw))
+            return job(load_config(raw, SCHEMAS[config_name]))
         except USER_ERRORS as err:
             fail(err)
 

@@ -125,11 +125,36 @@ class Config:
     questions: int = 8  # quickstart: questions shown
 
 
+@dataclass
+class BuildPoolConfig:
+    """tools/build_pool.py: sample, verify and keep answers per training question."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    seed: int = 1
+    split: str = "train"
+    samples: int = 64  # answers sampled per question (paper: 64)
+    temperature: float = 0.7
+    top_p: float = 0.95
+    min_correct: int = 2  # keep a question only with at least this many verified answers
+    max_keep: Optional[int] = None  # at most this many answers per question
+    keep: str = "random"  # which answers max_keep keeps: random | shortest | diverse
+    out: str = "runs/pool"
+    shard_size: int = 32  # questions per shard file
+    progress: bool = True
+
+
+SCHEMAS = {"config": Config, "build_pool": BuildPoolConfig}
+
+
 def _register_schema() -> None:
-    """Make ``base_config`` (the schema with its defaults) the first entry of conf/config.yaml."""
+    """Make ``base_config`` / ``build_pool_schema`` (each schema with its defaults) the first
+    entry of conf/config.yaml / conf/build_pool.yaml."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=Config)
+    ConfigStore.instance().store(name="build_pool_schema", node=BuildPoolConfig)
 
 
 _register_schema()
@@ -145,6 +170,7 @@ _CHOICES = {
     "logging.wandb": ("online", "offline", "disabled"),
     "verifier.mode": ("dapo", "math"),
     "model.dtype": ("auto", "float32", "bfloat16"),
+    "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
 }
 _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),
@@ -159,7 +185,8 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
     "parallel.micro_batch_size": (1, None), "data.train_size": (1, None),
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
-    "data.max_prompt_length": (1, None), "data.eval_samples": (1, None),
+    "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
+    "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "data.eval_samples": (1, None),
     "logging.eval_every": (0, None), "logging.save_every": (0, None),
 }
 
@@ -171,17 +198,26 @@ def _get(cfg: Config, dotted: str) -> Any:
     return value
 
 
-def _check_values(cfg: Config) -> None:
+def _check_values(cfg) -> None:
+    """Check every listed key the schema of ``cfg`` has (unset optional keys are skipped)."""
+    def value_of(key):
+        try:
+            return _get(cfg, key)
+        except AttributeError:
+            return None
+
     for key, allowed in _CHOICES.items():
-        if _get(cfg, key) not in allowed:
+        if value_of(key) is not None and value_of(key) not in allowed:
             raise ConfigError(f"config key {key}={_get(cfg, key)!r} is not allowed; use one of "
                               f"{', '.join(allowed)}.")
     for key, (low, high) in _RANGES.items():
-        value = _get(cfg, key)
+        value = value_of(key)
+        if value is None:
+            continue
         if (low is not None and value < low) or (high is not None and value > high):
             bound = f">= {low}" if high is None else f"between {low} and {high}"
             raise ConfigError(f"config key {key}={value} is out of range; it must be {bound}.")
-    if cfg.algorithm.prompts_per_rollout % cfg.algorithm.prompts_per_update:
+    if isinstance(cfg, Config) and cfg.algorithm.prompts_per_rollout % cfg.algorithm.prompts_per_update:
         raise ConfigError(
             f"config key algorithm.prompts_per_update={cfg.algorithm.prompts_per_update} does "
             f"not divide algorithm.prompts_per_rollout={cfg.algorithm.prompts_per_rollout}; "
@@ -194,10 +230,10 @@ def _known_keys(node: Any) -> list[str]:
     return []
 
 
-def _unknown_key(key: str) -> ConfigError:
+def _unknown_key(key: str, schema: type = Config) -> ConfigError:
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     try:
-        node = _get(Config(), parent) if parent else Config()
+        node = _get(schema(), parent) if parent else schema()
     except AttributeError:
         node = None
     known = ", ".join(_known_keys(node)) or "listed in megatron_rlep/config.py"
@@ -205,43 +241,45 @@ def _unknown_key(key: str) -> ConfigError:
                        f"are {known}.")
 
 
-def _one_sentence(err: OmegaConfBaseException) -> ConfigError:
+def _one_sentence(err: OmegaConfBaseException, schema: type = Config) -> ConfigError:
     key = getattr(err, "full_key", None) or "?"
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     if "not in" in text or "not found" in text or "Missing key" in text:
-        return _unknown_key(key)
+        return _unknown_key(key, schema)
     return ConfigError(f"config key {key} has a wrong value ({text}); fix it to match the "
                        f"type in megatron_rlep/config.py.")
 
 
-def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
+def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str = "", root: type = None) -> None:
     """Hydra's ``+key=value`` can add keys to the schema; refuse any key it does not define."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in node.keys():
         if key not in fields:
-            raise _unknown_key(prefix + str(key))
+            raise _unknown_key(prefix + str(key), root or schema)
         child_type = fields[key].type
         child_type = _SECTIONS.get(child_type, child_type)  # annotations are strings here
         if dataclasses.is_dataclass(child_type) and isinstance(node[key], DictConfig):
-            _reject_unknown_keys(node[key], child_type, f"{prefix}{key}.")
+            _reject_unknown_keys(node[key], child_type, f"{prefix}{key}.", root or schema)
 
 
-def load_config(raw: DictConfig | dict) -> Config:
-    """Check a composed config against the schema and return it as a ``Config``."""
+def load_config(raw: DictConfig | dict, schema: type = Config):
+    """Check a composed config against ``schema`` and return it as that dataclass."""
     raw = raw if isinstance(raw, (DictConfig, ListConfig)) else OmegaConf.create(raw)
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
-    _reject_unknown_keys(raw, Config)
+    _reject_unknown_keys(raw, schema)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise _one_sentence(err) from None
+        raise _one_sentence(err, schema) from None
     _check_values(cfg)
     return cfg
 
 
-def compose(overrides: list[str] = (), config_name: str = "config") -> Config:
-    """Compose ``conf/<config_name>.yaml`` with command-line style overrides and check it."""
+def compose(overrides: list[str] = (), config_name: str = "config"):
+    """Compose ``conf/<config_name>.yaml`` with command-line style overrides and check it
+    against its schema (``SCHEMAS``)."""
+    schema = SCHEMAS[config_name]
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -249,18 +287,18 @@ def compose(overrides: list[str] = (), config_name: str = "config") -> Config:
         with initialize_config_dir(str(CONF_DIR), version_base=None):
             raw = hydra_compose(config_name, overrides=list(overrides))
     except OmegaConfBaseException as err:
-        raise _one_sentence(err) from None
+        raise _one_sentence(err, schema) from None
     except HydraException as err:
         if isinstance(err.__cause__, OmegaConfBaseException):
-            raise _one_sentence(err.__cause__) from None
+            raise _one_sentence(err.__cause__, schema) from None
         text = str(err).strip()
         unknown = re.search(r"Could not override '([\w.]+)'", text)
         if unknown:
-            raise _unknown_key(unknown.group(1)) from None
+            raise _unknown_key(unknown.group(1), schema) from None
         first = text.splitlines()[0].strip()
         raise ConfigError(f"config override failed: {first} (check the group option's name "
                           f"under conf/ and the key's spelling).") from None
-    return load_config(raw)
+    return load_config(raw, schema)
 
 
 def check_overrides(overrides: list[str], config_name: str = "config") -> None:

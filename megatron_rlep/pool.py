@@ -82,6 +82,66 @@ def shard_files(directory: Path) -> list[Path]:
     return files
 
 
+# ----------------------------------------------------------------------------- shard files
+
+def row_schema():
+    """The columns of a pool shard: the RLEP release's (verl columns plus
+    ``reward_model.candidates``) and per-question statistics of the sampling."""
+    import pyarrow as pa
+
+    message = pa.struct([("content", pa.string()), ("role", pa.string())])
+    return pa.schema([
+        ("data_source", pa.string()), ("prompt", pa.list_(message)), ("ability", pa.string()),
+        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string()),
+                                    ("candidates", pa.list_(pa.string()))])),
+        ("extra_info", pa.struct([("index", pa.string())])),
+        ("pass_rate", pa.float64()),  # verified answers / samples, before deduplication
+        ("samples", pa.int64()),
+        ("candidate_lengths", pa.list_(pa.int64())),  # answer lengths in tokens
+    ])
+
+
+def pool_row(example: Example, candidates: list[str], lengths: list[int], correct: int,
+             samples: int) -> dict:
+    return {"data_source": example.data_source,
+            "prompt": [{"content": m["content"], "role": m["role"]} for m in example.prompt],
+            "ability": "math",
+            "reward_model": {"ground_truth": example.ground_truth, "style": "rule",
+                             "candidates": list(candidates)},
+            "extra_info": {"index": str(example.id)}, "pass_rate": correct / max(samples, 1),
+            "samples": samples, "candidate_lengths": list(lengths)}
+
+
+def write_parquet_atomic(rows: list[dict], path: Path) -> str:
+    """Write ``rows`` to ``path`` through a temporary file and a rename; returns its sha256."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(pa.Table.from_pylist(rows, schema=row_schema()), tmp)
+    digest = file_sha256(tmp)
+    os.replace(tmp, path)
+    return digest
+
+
+def write_json_atomic(data, path: Path) -> None:
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def sample_replays(answers: tuple[str, ...], m: int, seed: int, step: int, key: str) -> list[str]:
     """M answers drawn uniformly without replacement (all of them when fewer than M exist),
     deterministic from (seed, step, question key) and independent of everything else."""

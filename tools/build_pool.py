@@ -1,0 +1,201 @@
+"""Experience collection: sample answers per training question, verify them, keep the correct.
+
+    python tools/build_pool.py model.path=RUN/hf data=... samples=64 temperature=0.7 \
+        top_p=0.95 min_correct=2 out=DIR
+    torchrun --nproc_per_node N tools/build_pool.py ...      # data-parallel ranks
+
+Questions are cut into fixed shards of ``shard_size`` (in dataset order); shard k is sampled
+with seed (seed, k) by rank k mod N, so the pool does not depend on the number of ranks. A shard
+is written atomically as ``shard-XXXXX.parquet`` and then recorded by its sidecar
+``shard-XXXXX.json`` (questions, counts, sha256). After a kill at any moment, rerunning the same
+command redoes only shards without a valid sidecar: nothing is lost, duplicated or redone.
+``manifest.json`` (schema version, model, sampling, verifier, counts, shard checksums) is written
+last, by rank 0, once every shard is in. Settings are pinned in ``build.json``: a rerun with
+different settings into the same directory is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
+from megatron_rlep.config import BuildPoolConfig, ConfigError  # noqa: E402
+from megatron_rlep.data import Example, load_examples  # noqa: E402
+from megatron_rlep.pool import (MANIFEST, SCHEMA_VERSION, file_sha256, pool_row,  # noqa: E402
+                                write_json_atomic, write_parquet_atomic)
+from megatron_rlep.verifier import Verifier  # noqa: E402
+
+
+def select(texts: list[str], lengths: list[int], limit: int | None, rule: str, key: str,
+           seed: int) -> list[int]:
+    """Indices of the answers to keep (all when ``limit`` is None)."""
+    order = list(range(len(texts)))
+    if limit is None or len(texts) <= limit:
+        return order
+    if rule == "shortest":
+        return sorted(order, key=lambda i: (lengths[i], i))[:limit]
+    if rule == "random":
+        digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+        return sorted(random.Random(digest).sample(order, limit))
+    # diverse: greedy farthest-first by word-set Jaccard distance, from the shortest answer
+    words = [set(t.split()) for t in texts]
+    chosen = [min(order, key=lambda i: (lengths[i], i))]
+    while len(chosen) < limit:
+        def nearest(i):
+            return min(1 - len(words[i] & words[j]) / max(len(words[i] | words[j]), 1) for j in chosen)
+        chosen.append(max((i for i in order if i not in chosen), key=lambda i: (nearest(i), -i)))
+    return sorted(chosen)
+
+
+def shard_rows(examples: list[Example], completions, verifier: Verifier, cfg: BuildPoolConfig):
+    """Rows of the questions that keep at least ``min_correct`` distinct verified answers."""
+    rows, stats = [], {"samples": 0, "correct": 0}
+    for ex, group in zip(examples, completions):
+        good = [c for c in group if verifier.verdict(c.text, ex.ground_truth)[0]]
+        verified = {}
+        for c in good:
+            verified.setdefault(c.text, len(c.token_ids))  # exact duplicates removed
+        stats["samples"] += len(group)
+        stats["correct"] += len(good)
+        correct = len(good)
+        if len(verified) < cfg.min_correct:
+            continue
+        texts, lengths = list(verified), list(verified.values())
+        keep = select(texts, lengths, cfg.max_keep, cfg.keep, ex.question, cfg.seed)
+        rows.append(pool_row(ex, [texts[i] for i in keep], [lengths[i] for i in keep], correct,
+                             len(group)))
+    return rows, stats
+
+
+def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> dict:
+    ids = hashlib.sha256("\n".join(e.id + "\x00" + e.question for e in examples).encode()).hexdigest()
+    return {"model": model_path, "data": cfg.data.train, "split": cfg.split,
+            "questions": len(examples), "questions_sha256": ids,
+            "sampling": {"samples": cfg.samples, "temperature": cfg.temperature,
+                         "top_p": cfg.top_p, "max_tokens": cfg.rollout.max_response_length,
+                         "seed": cfg.seed},
+            "verifier": cfg.verifier.mode, "min_correct": cfg.min_correct,
+            "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
+
+
+def shard_done(out: Path, k: int) -> bool:
+    sidecar, shard = out / f"shard-{k:05d}.json", out / f"shard-{k:05d}.parquet"
+    if not (sidecar.is_file() and shard.is_file()):
+        return False
+    return json.loads(sidecar.read_text())["sha256"] == file_sha256(shard)
+
+
+def make_engine(cfg: BuildPoolConfig, model_path: str):
+    from megatron_rlep import platform
+    from megatron_rlep.rollout import TransformersEngine, engine_kind
+
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" or (
+        cfg.model.dtype == "auto" and platform.has_cuda()) else torch.float32
+    if engine_kind(cfg.rollout.engine) == "vllm":
+        from megatron_rlep.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(model_path, 1, cfg.rollout.gpu_memory_utilization,
+                          cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+                          "bfloat16" if dtype == torch.bfloat16 else "float32", cfg.seed)
+    return TransformersEngine(model_path, dtype=dtype, batch_size=cfg.rollout.batch_size,
+                              device=platform.device())
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def build(cfg: BuildPoolConfig) -> None:
+    from tqdm.auto import tqdm
+
+    from megatron_rlep import platform
+
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
+        dist.init_process_group(platform.backend())
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model_path(cfg.model.path)
+    task = {"levels": cfg.data.levels, "n": cfg.data.train_size if cfg.split == "train"
+            else cfg.data.eval_size, "seed": cfg.seed} if cfg.data.train == "arithmetic" else {}
+    examples = load_examples(cfg.data.train, cfg.split, cfg.data.data_dir, **task)
+    wanted = settings(cfg, model_path, examples)
+    pinned = out / "build.json"
+    if rank == 0 and not pinned.is_file():
+        write_json_atomic(wanted, pinned)
+    barrier()
+    previous = json.loads(pinned.read_text())
+    if previous != wanted:
+        changed = next(k for k in wanted if previous.get(k) != wanted[k])
+        raise ConfigError(f"pool directory {out} was started with other settings ({changed}: "
+                          f"{previous.get(changed)!r} there, {wanted[changed]!r} now); rerun with "
+                          "the same settings to resume, or give a new out=")
+    shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]
+    todo = [k for k in range(len(shards)) if k % world == rank and not shard_done(out, k)]
+
+    verifier = Verifier(cfg.verifier.mode)
+    engine = make_engine(cfg, model_path) if todo else None
+    bar = tqdm(total=sum(len(shards[k]) for k in todo), unit="question", desc=f"pool rank {rank}",
+               disable=not cfg.progress, dynamic_ncols=True)
+    seen = correct = samples = 0
+    start = time.perf_counter()
+    for k in todo:
+        completions = engine.generate([e.prompt for e in shards[k]], n=cfg.samples,
+                                      temperature=cfg.temperature, top_p=cfg.top_p,
+                                      max_tokens=cfg.rollout.max_response_length,
+                                      seed=cfg.seed * 1000003 + k)
+        rows, stats = shard_rows(shards[k], completions, verifier, cfg)
+        digest = write_parquet_atomic(rows, out / f"shard-{k:05d}.parquet")
+        write_json_atomic({"file": f"shard-{k:05d}.parquet", "sha256": digest,
+                           "questions": [e.id for e in shards[k]], "kept": len(rows),
+                           "trajectories": sum(len(r["reward_model"]["candidates"]) for r in rows),
+                           **stats}, out / f"shard-{k:05d}.json")
+        seen += len(shards[k])
+        correct += stats["correct"]
+        samples += stats["samples"]
+        elapsed = time.perf_counter() - start
+        bar.set_postfix({"samples/s": f"{samples / elapsed:.1f}",
+                         "pass": f"{correct / max(samples, 1):.1%}"}, refresh=False)
+        bar.update(len(shards[k]))
+    bar.close()
+    verifier.close()
+    barrier()
+    if rank == 0:
+        write_manifest(out, wanted, len(shards))
+    barrier()
+
+
+def write_manifest(out: Path, wanted: dict, n_shards: int) -> None:
+    entries = []
+    for k in range(n_shards):
+        if not shard_done(out, k):
+            raise RuntimeError(f"shard {k} of {out} is missing after every rank finished")
+        entries.append(json.loads((out / f"shard-{k:05d}.json").read_text()))
+    totals = {key: sum(e[key] for e in entries) for key in ("kept", "trajectories", "samples", "correct")}
+    write_json_atomic({
+        "schema_version": SCHEMA_VERSION, **wanted,
+        "counts": {"questions_seen": sum(len(e["questions"]) for e in entries),
+                   "questions_kept": totals["kept"], "trajectories": totals["trajectories"],
+                   "samples": totals["samples"], "verified_samples": totals["correct"]},
+        "shards": [{"file": e["file"], "sha256": e["sha256"], "questions": len(e["questions"]),
+                    "kept": e["kept"], "trajectories": e["trajectories"]} for e in entries],
+    }, out / MANIFEST)
+
+
+if __name__ == "__main__":
+    from megatron_rlep.cli import hydra_entry
+
+    hydra_entry(build, "build_pool")
