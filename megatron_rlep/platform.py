@@ -18,7 +18,8 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
 6. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
 
 This module must not import anything from the rest of the package: everything else reads
-only ``device()``, ``backend()``, ``layer_spec()`` and ``init_distributed()``.
+only ``device()``, ``compute_dtype()``, ``backend()``, ``layer_spec()`` and
+``init_distributed()``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def device() -> torch.device:
     if has_cuda():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def compute_dtype(name: str = "auto") -> torch.dtype:
+    """``model.dtype``: ``auto`` is bf16 on a GPU and fp32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if has_cuda() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def backend() -> str:

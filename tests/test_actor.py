@@ -50,10 +50,9 @@ def _weights(path):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_update_matches_single_process(runs, layout):
-    single, other = _weights(runs / "single"), _weights(runs / layout)
-    source = {}
     from safetensors.torch import load_file
 
+    single, other = _weights(runs / "single"), _weights(runs / layout)
     source = load_file(runs / "model" / "model.safetensors")
     moved = max((single[k] - source[k]).abs().max().item() for k in single)
     assert moved > 5e-3, "the update did not move the weights"

@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -34,6 +33,7 @@ from megatron_rlep.config import BuildPoolConfig, ConfigError  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.pool import (MANIFEST, SCHEMA_VERSION, file_sha256, pool_row,  # noqa: E402
                                 write_json_atomic, write_parquet_atomic)
+from megatron_rlep.rollout import make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
 
@@ -96,22 +96,6 @@ def shard_done(out: Path, k: int) -> bool:
     return json.loads(sidecar.read_text())["sha256"] == file_sha256(shard)
 
 
-def make_engine(cfg: BuildPoolConfig, model_path: str):
-    from megatron_rlep import platform
-    from megatron_rlep.rollout import TransformersEngine, engine_kind
-
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" or (
-        cfg.model.dtype == "auto" and platform.has_cuda()) else torch.float32
-    if engine_kind(cfg.rollout.engine) == "vllm":
-        from megatron_rlep.rollout.vllm_engine import VllmEngine
-
-        return VllmEngine(model_path, 1, cfg.rollout.gpu_memory_utilization,
-                          cfg.data.max_prompt_length + cfg.rollout.max_response_length,
-                          "bfloat16" if dtype == torch.bfloat16 else "float32", cfg.seed)
-    return TransformersEngine(model_path, dtype=dtype, batch_size=cfg.rollout.batch_size,
-                              device=platform.device())
-
-
 def barrier():
     if dist.is_initialized():
         dist.barrier()
@@ -147,7 +131,11 @@ def build(cfg: BuildPoolConfig) -> None:
     todo = [k for k in range(len(shards)) if k % world == rank and not shard_done(out, k)]
 
     verifier = Verifier(cfg.verifier.mode)
-    engine = make_engine(cfg, model_path) if todo else None
+    engine = None
+    if todo:  # one engine per rank (TP 1): each rank samples its own shards
+        engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
+                             cfg.seed, cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+                             tensor_parallel=1)
     bar = tqdm(total=sum(len(shards[k]) for k in todo), unit="question", desc=f"pool rank {rank}",
                disable=not cfg.progress, dynamic_ncols=True)
     seen = correct = samples = 0

@@ -29,13 +29,6 @@ from megatron_rlep.builtin_model import resolve_model_path
 _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if platform.has_cuda() else torch.float32
-    return {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-            "bfloat16": torch.bfloat16}[name]
-
-
 class Actor:
     def __init__(self, model_path: str, algorithm, tensor_parallel: int = 1,
                  pipeline_parallel: int = 1, micro_batch_size: int = 4, dtype: str = "auto",
@@ -51,7 +44,7 @@ class Actor:
         self.algorithm = algorithm
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = platform.compute_dtype(dtype)
         self.device = platform.device()
         config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
                                            self.dtype, cpu=not platform.has_cuda())

@@ -26,19 +26,22 @@ def engine_kind(requested: str) -> str:
 
 
 def _mp_rank() -> int:
+    """This rank's place in its model-parallel group (0 without Megatron's parallel state)."""
     from megatron.core import parallel_state as ps
 
-    return ps.get_model_parallel_group().rank() if dist.is_initialized() else 0
+    return ps.get_model_parallel_group().rank() if ps.model_parallel_is_initialized() else 0
 
 
-def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_model_len: int):
+def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_model_len: int,
+                tensor_parallel: int | None = None):
     """This rank's engine, or None on ranks that do not generate (transformers: one rank per
-    model-parallel group generates for it)."""
+    model-parallel group generates for it). ``tensor_parallel`` overrides the engine's TP size."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
         from megatron_rlep.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, rollout.tensor_parallel, rollout.gpu_memory_utilization,
+        tp = rollout.tensor_parallel if tensor_parallel is None else tensor_parallel
+        return VllmEngine(model_path, tp, rollout.gpu_memory_utilization,
                           max_model_len, "bfloat16" if dtype == torch.bfloat16 else "float32", seed)
     if _mp_rank() != 0:
         return None
