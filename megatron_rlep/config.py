@@ -145,16 +145,37 @@ class BuildPoolConfig:
     progress: bool = True
 
 
-SCHEMAS = {"config": Config, "build_pool": BuildPoolConfig}
+@dataclass
+class EvaluateConfig:
+    """tools/evaluate.py: n answers per held-out question, scored, with mean@n, pass@k, maj@k."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    datasets: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23"])
+    data_dir: Optional[str] = None  # where dataset names resolve (<data_dir>/<name>.jsonl)
+    limit: Optional[int] = None  # only the first N questions of each dataset (quick checks)
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3])  # built-in arithmetic only
+    samples: int = 32  # answers per question (paper: 32)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: Optional[int] = None  # response limit; None = rollout.max_response_length
+    seed: int = 1
+    out: str = "runs/eval"
+    chunk_size: int = 8  # questions per work unit (the unit of resuming and of rank sharing)
+    progress: bool = True
+
+
+SCHEMAS = {"config": Config, "build_pool": BuildPoolConfig, "evaluate": EvaluateConfig}
 
 
 def _register_schema() -> None:
-    """Make ``base_config`` / ``build_pool_schema`` (each schema with its defaults) the first
-    entry of conf/config.yaml / conf/build_pool.yaml."""
+    """Make ``base_config`` / ``build_pool_schema`` / ``evaluate_schema`` (each schema with its
+    defaults) the first entry of conf/config.yaml / build_pool.yaml / evaluate.yaml."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=Config)
     ConfigStore.instance().store(name="build_pool_schema", node=BuildPoolConfig)
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
 _register_schema()
@@ -187,7 +208,8 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
     "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
     "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "data.eval_samples": (1, None),
-    "logging.eval_every": (0, None), "logging.save_every": (0, None),
+    "logging.eval_every": (0, None), "logging.save_every": (0, None), "limit": (1, None),
+    "max_tokens": (1, None), "chunk_size": (1, None),
 }
 
 

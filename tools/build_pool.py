@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
-import torch.distributed as dist
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
-from megatron_rlep.config import BuildPoolConfig, ConfigError  # noqa: E402
+from megatron_rlep import jobs  # noqa: E402
+from megatron_rlep.config import BuildPoolConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.pool import (MANIFEST, SCHEMA_VERSION, file_sha256, pool_row,  # noqa: E402
                                 write_json_atomic, write_parquet_atomic)
@@ -96,20 +94,12 @@ def shard_done(out: Path, k: int) -> bool:
     return json.loads(sidecar.read_text())["sha256"] == file_sha256(shard)
 
 
-def barrier():
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def build(cfg: BuildPoolConfig) -> None:
     from tqdm.auto import tqdm
 
     from megatron_rlep import platform
 
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
-        dist.init_process_group(platform.backend())
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank, world = jobs.start()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model_path(cfg.model.path)
@@ -117,18 +107,9 @@ def build(cfg: BuildPoolConfig) -> None:
             else cfg.data.eval_size, "seed": cfg.seed} if cfg.data.train == "arithmetic" else {}
     examples = load_examples(cfg.data.train, cfg.split, cfg.data.data_dir, **task)
     wanted = settings(cfg, model_path, examples)
-    pinned = out / "build.json"
-    if rank == 0 and not pinned.is_file():
-        write_json_atomic(wanted, pinned)
-    barrier()
-    previous = json.loads(pinned.read_text())
-    if previous != wanted:
-        changed = next(k for k in wanted if previous.get(k) != wanted[k])
-        raise ConfigError(f"pool directory {out} was started with other settings ({changed}: "
-                          f"{previous.get(changed)!r} there, {wanted[changed]!r} now); rerun with "
-                          "the same settings to resume, or give a new out=")
+    jobs.pin_settings(out / "build.json", wanted, rank)
     shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]
-    todo = [k for k in range(len(shards)) if k % world == rank and not shard_done(out, k)]
+    todo = jobs.my_units(len(shards), rank, world, lambda k: shard_done(out, k))
 
     verifier = Verifier(cfg.verifier.mode)
     engine = None
@@ -160,10 +141,10 @@ def build(cfg: BuildPoolConfig) -> None:
         bar.update(len(shards[k]))
     bar.close()
     verifier.close()
-    barrier()
+    jobs.barrier()
     if rank == 0:
         write_manifest(out, wanted, len(shards))
-    barrier()
+    jobs.barrier()
 
 
 def write_manifest(out: Path, wanted: dict, n_shards: int) -> None:

@@ -1,0 +1,59 @@
+"""Tools that run as data-parallel ranks: one process, or N under torchrun / srun.
+
+The work is cut into fixed units (a unit's content and seed never depend on the number of
+ranks); unit u goes to rank u mod N, and a unit whose output file already exists is not
+redone, so a killed job resumes where it stopped. The settings a job started with are pinned
+in a JSON file of its output directory; a rerun with other settings is refused.
+
+Used by tools/build_pool.py and tools/evaluate.py. No model or data logic here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def start() -> tuple[int, int]:
+    """(rank, world size); starts the process group when launched with several ranks and
+    gives each rank its own GPU."""
+    from megatron_rlep import platform
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
+        dist.init_process_group(platform.backend())
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def pin_settings(path: Path, wanted: dict, rank: int) -> None:
+    """Write ``wanted`` to ``path`` on the first run; on a rerun, refuse other settings."""
+    from megatron_rlep.config import ConfigError
+    from megatron_rlep.pool import write_json_atomic
+
+    if rank == 0 and not path.is_file():
+        write_json_atomic(wanted, path)
+    barrier()
+    previous = json.loads(path.read_text())
+    if previous != wanted:
+        changed = next(k for k in wanted if previous.get(k) != wanted[k])
+        raise ConfigError(
+            f"output directory {path.parent} was started with other settings ({changed}: "
+            f"{previous.get(changed)!r} there, {wanted[changed]!r} now); rerun with the same "
+            "settings to resume, or give a new out=")
+
+
+def my_units(n_units: int, rank: int, world: int, done) -> list[int]:
+    """The units this rank still has to do: u mod world == rank and not ``done(u)``."""
+    return [u for u in range(n_units) if u % world == rank and not done(u)]

@@ -1,0 +1,97 @@
+"""tools/evaluate.py for real: the built-in model on every shared evaluation file by name, on
+one rank and on two, resuming after a lost unit, and its one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "evaluate.py"
+EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+
+
+def command(out, *extra, nproc=1):
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    return [*launcher, str(TOOL), "rollout.engine=transformers", "progress=false", f"out={out}",
+            *extra]
+
+
+def run(cmd, expect=0):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not EVAL_DATA.is_dir(), reason="../shared/data/eval is not beside the repo")
+def test_every_shared_eval_file_evaluates_by_name(tmp_path):
+    from megatron_rlep.verifier import Verifier
+
+    names = sorted(p.stem for p in EVAL_DATA.iterdir() if p.suffix in (".jsonl", ".parquet"))
+    assert len(names) >= 5
+    out = tmp_path / "eval"
+    result = run(command(out, f"datasets=[{','.join(names)}]", f"data_dir={EVAL_DATA}",
+                         "limit=2", "samples=2", "max_tokens=6", "chunk_size=2"))
+    samples = read(out / "samples.jsonl")
+    assert sorted({r["data_source"] for r in samples}) == names
+    assert len(samples) == len(names) * 2 * 2
+    assert {"data_source", "id", "sample_index", "response", "pred", "correct",
+            "length"} <= set(samples[0])
+    verifier = Verifier("dapo")
+    for r in samples:
+        assert r["correct"] == verifier.verdict(r["response"], r["ground_truth"])[0]
+        assert 1 <= r["length"] <= 6
+    m = json.loads((out / "metrics.json").read_text())
+    assert sorted(m) == sorted(names + ["all"])
+    assert m["all"]["questions"] == 2 * len(names) and m["all"]["n"] == 2
+    assert set(m["all"]["pass@k"]) == {"1", "2"} == set(m["all"]["maj@k"])
+    assert (out / "metrics.md").read_text() in result.stdout
+    recomputed = tmp_path / "again.json"
+    run([sys.executable, str(TOOL.parent / "metrics.py"), str(out / "samples.jsonl"),
+         "-o", str(recomputed)])
+    assert json.loads(recomputed.read_text()) == m
+
+
+@pytest.mark.e2e
+def test_two_ranks_equal_one_and_a_lost_unit_is_redone(tmp_path):
+    args = ["datasets=[arithmetic]", "levels=[1,2]", "limit=6", "samples=3", "max_tokens=16",
+            "temperature=1.0", "chunk_size=2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(command(one, *args))
+    run(command(two, *args, nproc=2))
+    assert (one / "samples.jsonl").read_bytes() == (two / "samples.jsonl").read_bytes()
+    assert (one / "metrics.json").read_text() == (two / "metrics.json").read_text()
+    rows = read(one / "samples.jsonl")
+    assert len(rows) == 6 * 3 and len({r["response"] for r in rows}) > 1  # sampled, not greedy
+    assert {r["data_source"] for r in rows} == {"arithmetic-L1", "arithmetic-L2"}
+    assert all(r["id"].startswith(r["data_source"][-2:]) for r in rows)  # a level's own rows
+
+    parts = sorted((one / "parts").glob("unit-*.jsonl"))
+    assert len(parts) == 3
+    kept = {p: p.stat().st_mtime_ns for p in parts[1:]}
+    parts[0].unlink()
+    (one / "samples.jsonl").unlink()
+    run(command(one, *args))
+    assert (one / "samples.jsonl").read_bytes() == (two / "samples.jsonl").read_bytes()
+    assert {p: p.stat().st_mtime_ns for p in parts[1:]} == kept  # finished units not redone
+    result = run(command(one, *args[:-1], "chunk_size=3"), expect=2)
+    assert "other settings (chunk_size: 2 there, 3 now)" in result.stderr
+
+
+def test_errors_are_one_sentence(tmp_path):
+    out = tmp_path / "eval"
+    result = run(command(out, "datasets=[no_such_set]", f"data_dir={tmp_path}"), expect=2)
+    assert result.stderr.strip().count("\n") == 0
+    assert "'no_such_set' was not found" in result.stderr and str(tmp_path) in result.stderr
+    result = run(command(out, "samples=0"), expect=2)
+    assert "samples=0 is out of range" in result.stderr

@@ -1,0 +1,163 @@
+"""Evaluation: n sampled answers per held-out question, scored, with mean@n, pass@k and maj@k.
+
+    python tools/evaluate.py model.path=RUN/hf datasets=[aime24,aime25,amc23] samples=32 \
+        temperature=1.0 top_p=1.0 max_tokens=3072 out=DIR
+    torchrun --nproc_per_node N tools/evaluate.py ...      # data-parallel ranks
+
+Dataset names resolve to ``<data_dir>/<name>.jsonl`` or ``.parquet`` (``data_dir`` defaults to
+$MEGATRON_RLEP_EVAL_DATA or ../shared/data/eval), to file paths, to hub ids, or to the built-in
+``arithmetic`` test split. Questions are cut into units of ``chunk_size``; unit u is sampled
+with seed (seed, u) by rank u mod N, so the samples do not depend on the number of ranks, and
+is written atomically to ``DIR/parts/``; a rerun of the same command after a kill redoes only
+missing units. Rank 0 then writes ``DIR/samples.jsonl`` (one line per sample: data_source, id,
+sample_index, response, pred, correct, length, finished, ground_truth), ``DIR/metrics.json``
+and ``DIR/metrics.md`` (megatron_rlep/metrics.py defines the numbers), and prints the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from megatron_rlep import jobs, metrics  # noqa: E402
+from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
+from megatron_rlep.config import ConfigError, EvaluateConfig  # noqa: E402
+from megatron_rlep.data import Example, load_examples  # noqa: E402
+from megatron_rlep.rollout import make_engine  # noqa: E402
+from megatron_rlep.verifier import Verifier  # noqa: E402
+
+ARITHMETIC_QUESTIONS = 64  # the built-in task's test questions when no limit is given
+
+
+def load_datasets(cfg: EvaluateConfig) -> dict[str, list[tuple[str, Example]]]:
+    """dataset name -> [(row id, example)], the first ``limit`` questions of each dataset. Row
+    ids are the dataset's ids, or positions where its ids repeat. Rows are reported under each
+    example's data source (the file's stem; a level of the built-in task)."""
+    out, owner = {}, {}
+    for name in cfg.datasets:
+        kwargs = {"levels": cfg.levels, "n": cfg.limit or ARITHMETIC_QUESTIONS,
+                  "seed": cfg.seed} if name == "arithmetic" else {}
+        examples = load_examples(name, "test", cfg.data_dir, **kwargs)[:cfg.limit]
+        for source in {e.data_source for e in examples}:
+            if owner.setdefault(source, name) != name:
+                raise ConfigError(f"config key datasets: {owner[source]} and {name} both hold "
+                                  f"data source {source!r}; give each dataset once.")
+        ids = [e.id for e in examples]
+        unique = len(set(ids)) == len(ids)
+        out[name] = [(e.id if unique else str(i), e) for i, e in enumerate(examples)]
+    return out
+
+
+def units_of(datasets: dict, size: int) -> list[tuple[str, int]]:
+    """(dataset, first question) of every unit, in dataset order."""
+    return [(name, start) for name, items in datasets.items()
+            for start in range(0, len(items), size)]
+
+
+def settings(cfg: EvaluateConfig, model_path: str, datasets: dict, max_tokens: int) -> dict:
+    questions = {name: hashlib.sha256("\n".join(i + "\x00" + e.question for i, e in items)
+                                         .encode()).hexdigest() for name, items in datasets.items()}
+    return {"model": model_path, "datasets": questions, "samples": cfg.samples,
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": max_tokens,
+            "seed": cfg.seed, "verifier": cfg.verifier.mode, "chunk_size": cfg.chunk_size}
+
+
+def sample_rows(items, completions, verifier: Verifier) -> list[dict]:
+    rows = []
+    for (ident, ex), group in zip(items, completions):
+        for index, c in enumerate(group):
+            correct, pred = verifier.verdict(c.text, ex.ground_truth)
+            rows.append({"data_source": ex.data_source, "id": ident, "sample_index": index,
+                         "response": c.text, "pred": pred, "correct": bool(correct),
+                         "length": len(c.token_ids), "finished": c.finished,
+                         "ground_truth": ex.ground_truth})
+    return rows
+
+
+def write_jsonl_atomic(rows: list[dict], path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def write_reports(rows: list[dict], out: Path) -> dict:
+    """metrics.json and metrics.md of ``rows`` in ``out``; returns the metrics."""
+    from megatron_rlep.pool import write_json_atomic
+
+    result = metrics.compute(rows)
+    write_json_atomic(result, out / "metrics.json")
+    tmp = out / f".metrics.md.tmp-{os.getpid()}"
+    tmp.write_text(metrics.markdown(result))
+    os.replace(tmp, out / "metrics.md")
+    return result
+
+
+def evaluate(cfg: EvaluateConfig) -> dict | None:
+    from tqdm.auto import tqdm
+
+    from megatron_rlep import platform
+
+    rank, world = jobs.start()
+    out, parts = Path(cfg.out), Path(cfg.out) / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model_path(cfg.model.path)
+    max_tokens = cfg.max_tokens or cfg.rollout.max_response_length
+    datasets = load_datasets(cfg)
+    jobs.pin_settings(out / "eval.json", settings(cfg, model_path, datasets, max_tokens), rank)
+    units = units_of(datasets, cfg.chunk_size)
+
+    def part(u):
+        return parts / f"unit-{u:05d}.jsonl"
+
+    todo = jobs.my_units(len(units), rank, world, lambda u: part(u).is_file())
+    verifier = Verifier(cfg.verifier.mode)
+    engine = None
+    if todo:
+        prompt_len = max(len(e.question) for items in datasets.values() for _, e in items)
+        engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
+                             cfg.seed, prompt_len + max_tokens + 64, tensor_parallel=1)
+    bar = tqdm(total=sum(len(datasets[s][i:i + cfg.chunk_size]) for s, i in (units[u] for u in todo)),
+               unit="question", desc=f"eval rank {rank}", disable=not cfg.progress,
+               dynamic_ncols=True)
+    samples = correct = 0
+    start = time.perf_counter()
+    for u in todo:
+        name, first = units[u]
+        items = datasets[name][first:first + cfg.chunk_size]
+        completions = engine.generate([e.prompt for _, e in items], n=cfg.samples,
+                                      temperature=cfg.temperature, top_p=cfg.top_p,
+                                      max_tokens=max_tokens, seed=cfg.seed * 1000003 + u)
+        rows = sample_rows(items, completions, verifier)
+        write_jsonl_atomic(rows, part(u))
+        samples += len(rows)
+        correct += sum(r["correct"] for r in rows)
+        bar.set_postfix({"samples/s": f"{samples / (time.perf_counter() - start):.1f}",
+                         "acc": f"{correct / max(samples, 1):.1%}"}, refresh=False)
+        bar.update(len(items))
+    bar.close()
+    verifier.close()
+    jobs.barrier()
+    result = None
+    if rank == 0:
+        rows = [json.loads(line) for u in range(len(units))
+                for line in part(u).read_text(encoding="utf-8").splitlines()]
+        write_jsonl_atomic(rows, out / "samples.jsonl")
+        result = write_reports(rows, out)
+        print(metrics.markdown(result), end="")
+        print(f"wrote {out / 'samples.jsonl'}, {out / 'metrics.json'}, {out / 'metrics.md'}")
+    jobs.barrier()
+    return result
+
+
+if __name__ == "__main__":
+    from megatron_rlep.cli import hydra_entry
+
+    hydra_entry(evaluate, "evaluate")
