@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rlep import metrics
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.config import Config, ConfigError
@@ -182,18 +183,29 @@ class Trainer:
         return float(diff)
 
     def validate(self) -> dict:
-        r, out = self.cfg.rollout, {}
-        accs = []
+        """mean@n, pass@n and maj@n (n = data.eval_samples) per held-out set and data source
+        (megatron_rlep/metrics.py); ``val/acc`` is the mean of the sets' mean@n."""
+        r, n, out, accs = self.cfg.rollout, self.cfg.data.eval_samples, {}, []
         for name, examples in self.eval_sets.items():
             completions = generate_sharded(
-                self.engine, [e.prompt for e in examples], [self.cfg.data.eval_samples] * len(examples),
+                self.engine, [e.prompt for e in examples], [n] * len(examples),
                 r.tensor_parallel, temperature=r.temperature, top_p=r.top_p,
                 max_tokens=r.max_response_length, seed=self.cfg.seed)
-            correct = [self.verifier.verdict(c.text, e.ground_truth)[0]
-                       for e, group in zip(examples, completions) for c in group]
-            acc = sum(correct) / max(len(correct), 1)
-            out[f"val/{name}/mean@{self.cfg.data.eval_samples}"] = acc
-            accs.append(acc)
+            rows = [{"data_source": e.data_source, "id": f"{i}", "sample_index": j,
+                     "pred": pred, "correct": ok}
+                    for i, (e, group) in enumerate(zip(examples, completions))
+                    for j, (ok, pred) in enumerate(self.verifier.verdict(c.text, e.ground_truth)
+                                                   for c in group)]
+            result = metrics.compute(rows)
+            for source, m in result.items():
+                if len(result) == 2 and source != "all":
+                    continue  # one data source: its numbers are the set's
+                prefix = f"val/{name}" if source == "all" else f"val/{name}/{source}"
+                out[f"{prefix}/mean@{n}"] = m["mean@n"]
+                if n > 1:
+                    out[f"{prefix}/pass@{n}"] = m["pass@k"][str(n)]
+                    out[f"{prefix}/maj@{n}"] = m["maj@k"][str(n)]
+            accs.append(result["all"]["mean@n"])
         out["val/acc"] = sum(accs) / len(accs) if accs else None
         return out
 

@@ -85,9 +85,15 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS):
 
 @pytest.mark.e2e
 def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path):
-    train(assets, tmp_path / "run")
+    train(assets, tmp_path / "run", "data.eval_samples=2")
     lines = check_batches(tmp_path / "run", *assets)
     assert "val/acc" in lines[0] and "val/acc" in lines[-1]
+    # held-out sets through megatron_rlep.metrics: per set and, for several sources, per source
+    for key in ("val/arithmetic/mean@2", "val/arithmetic/pass@2", "val/arithmetic/maj@2",
+                "val/arithmetic/arithmetic-L1/pass@2", "val/arithmetic/arithmetic-L2/mean@2"):
+        assert key in lines[-1], key
+    assert lines[-1]["val/arithmetic/pass@2"] >= lines[-1]["val/arithmetic/mean@2"]
+    assert lines[-1]["val/acc"] == lines[-1]["val/arithmetic/mean@2"]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run"
     from transformers import AutoModelForCausalLM
