@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-from megatron_rlep.data import DataError, Example, load_parquet
+from megatron_rlep.data import DataError, Example
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
@@ -31,32 +31,26 @@ def question_key(example: Example) -> str:
 class ExperiencePool:
     """question text -> verified answers (the pool is never changed during training)."""
 
-    def __init__(self, candidates: dict[str, tuple[str, ...]], source: str = ""):
+    def __init__(self, candidates: dict[str, tuple[str, ...]], source: str = "",
+                 rejected: int = 0):
         self.candidates = candidates
         self.source = source
+        self.rejected = rejected  # candidates the verifier rejected at load (kept or dropped)
 
     @classmethod
-    def load(cls, path: str | Path) -> "ExperiencePool":
-        path = Path(path)
-        if path.is_dir():
-            files = shard_files(path)
-        elif path.is_file() and path.suffix == ".parquet":
-            files = [path]
-        else:
-            raise DataError(f"experience pool {path} is neither a pool directory nor a .parquet "
-                            "file; give the output directory of tools/build_pool.py or the RLEP "
-                            "release parquet")
+    def load(cls, path: str | Path, verifier=None, drop_rejected: bool = False) -> "ExperiencePool":
+        """Read and check a pool; with a ``verifier``, count (and optionally drop) the
+        candidates it rejects."""
+        rows = check_rows(read_rows(path), path)
+        rejected = 0
+        if verifier is not None:
+            rows, rejected, _ = verify_rows(rows, verifier, drop_rejected)
         candidates: dict[str, tuple[str, ...]] = {}
-        for file in files:
-            for ex in load_parquet(file):
-                if not ex.candidates:
-                    raise DataError(f"experience pool {file}: question {ex.id} has no "
-                                    "reward_model.candidates; rebuild the pool or filter it with "
-                                    "tools/pool.py filter")
-                key = question_key(ex)
-                merged = dict.fromkeys(candidates.get(key, ()) + tuple(ex.candidates))
-                candidates[key] = tuple(merged)
-        return cls(candidates, str(path))
+        for row in rows:
+            key = row_key(row)
+            merged = dict.fromkeys(candidates.get(key, ()) + tuple(row["reward_model"]["candidates"]))
+            candidates[key] = tuple(merged)
+        return cls(candidates, str(path), rejected)
 
     def __len__(self) -> int:
         return len(self.candidates)
@@ -65,7 +59,16 @@ class ExperiencePool:
         return self.candidates.get(question_key(example), ())
 
 
-def shard_files(directory: Path) -> list[Path]:
+def row_key(row: dict) -> str:
+    return row["prompt"][-1]["content"].strip()
+
+
+def row_id(row: dict, position: int) -> str:
+    index = (row.get("extra_info") or {}).get("index")
+    return str(position if index is None else index)
+
+
+def shard_files(directory: Path, verify_checksums: bool = True) -> list[Path]:
     """The shards a pool directory's manifest lists (or, without one, every shard file)."""
     manifest = directory / MANIFEST
     if manifest.is_file():
@@ -74,12 +77,117 @@ def shard_files(directory: Path) -> list[Path]:
             raise DataError(f"{manifest} has schema_version {meta.get('schema_version')!r}, this "
                             f"version reads {SCHEMA_VERSION}; rebuild the pool with this version")
         files = [directory / s["file"] for s in meta.get("shards", [])]
+        for entry, file in zip(meta.get("shards", []), files):
+            if not file.is_file():
+                raise DataError(f"experience pool {directory}: shard {file.name} listed in the "
+                                "manifest is missing; copy the whole pool directory again")
+            if verify_checksums and entry.get("sha256") and file_sha256(file) != entry["sha256"]:
+                raise DataError(f"experience pool {directory}: shard {file.name} does not match "
+                                "its manifest checksum; it changed after it was written, so "
+                                "rebuild or re-import the pool")
     else:
         files = sorted(directory.glob("shard-*.parquet"))
     if not files:
         raise DataError(f"experience pool {directory} holds no shards; build one with "
                         "tools/build_pool.py")
     return files
+
+
+def pool_files(path: str | Path) -> list[Path]:
+    path = Path(path)
+    if path.is_dir():
+        return shard_files(path)
+    if path.is_file() and path.suffix == ".parquet":
+        return [path]
+    raise DataError(f"experience pool {path} is neither a pool directory nor a .parquet file; "
+                    "give the output directory of tools/build_pool.py or the RLEP release parquet")
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a pool directory or an RLEP release parquet, in the shard row format
+    (``row_schema``; per-question statistics are None where the release has none)."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for file in pool_files(path):
+        try:
+            table = pq.read_table(file)
+        except Exception as err:
+            raise DataError(f"experience pool {file} cannot be read as parquet ({err}); give a "
+                            "pool directory or the RLEP release parquet") from None
+        reward = table.schema.field("reward_model").type if "reward_model" in table.column_names \
+            else None
+        fields = {f.name for f in reward} if reward is not None and hasattr(reward, "__iter__") else set()
+        if "prompt" not in table.column_names or not {"ground_truth", "candidates"} <= fields:
+            raise DataError(f"experience pool {file} lacks the columns prompt and "
+                            "reward_model.{ground_truth, candidates}; it is not a pool: build "
+                            "one with tools/build_pool.py or give the RLEP release parquet")
+        for row in table.to_pylist():
+            rows.append(_as_pool_row(row))
+    return rows
+
+
+def _as_pool_row(row: dict) -> dict:
+    reward = row["reward_model"] or {}
+    extra = row.get("extra_info") or {}
+    return {"data_source": row.get("data_source") or "",
+            "prompt": [{"content": m["content"], "role": m["role"]} for m in row["prompt"] or []],
+            "ability": row.get("ability") or "math",
+            "reward_model": {"ground_truth": None if reward.get("ground_truth") is None
+                             else str(reward["ground_truth"]),
+                             "style": reward.get("style") or "rule",
+                             "candidates": list(reward.get("candidates") or [])},
+            "extra_info": {"index": None if extra.get("index") is None else str(extra["index"])},
+            "extra_info_json": row.get("extra_info_json") or json.dumps(extra, ensure_ascii=False),
+            "pass_rate": row.get("pass_rate"), "samples": row.get("samples"),
+            "candidate_lengths": row.get("candidate_lengths")}
+
+
+def check_rows(rows: list[dict], source) -> list[dict]:
+    """Refuse a pool with a question that has no prompt, no ground truth or no candidates."""
+    if not rows:
+        raise DataError(f"experience pool {source} holds no questions; build one with "
+                        "tools/build_pool.py")
+    for position, row in enumerate(rows):
+        ident = row_id(row, position)
+        if not row["prompt"]:
+            raise DataError(f"experience pool {source}: question {ident} has an empty prompt; "
+                            "fix the row or drop it with tools/pool.py filter")
+        if row["reward_model"]["ground_truth"] in (None, ""):
+            raise DataError(f"experience pool {source}: question {ident} has no "
+                            "reward_model.ground_truth; drop such questions with "
+                            "tools/pool.py filter POOL -o OUT")
+        if not row["reward_model"]["candidates"]:
+            raise DataError(f"experience pool {source}: question {ident} has no candidates; "
+                            "drop such questions with tools/pool.py filter POOL --min-correct 1 "
+                            "-o OUT")
+    return rows
+
+
+def verify_rows(rows: list[dict], verifier, drop: bool) -> tuple[list[dict], int, int]:
+    """Check every candidate with ``verifier``: (rows, rejected candidates, questions with a
+    rejected one). With ``drop`` the rejected candidates go, and questions left with none."""
+    out, rejected, questions = [], 0, 0
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        verdicts = [verifier.verdict(c, truth)[0] for c in row["reward_model"]["candidates"]]
+        bad = verdicts.count(False)
+        rejected += bad
+        questions += bad > 0
+        if drop and bad:
+            row = keep_candidates(row, [i for i, ok in enumerate(verdicts) if ok])
+            if not row["reward_model"]["candidates"]:
+                continue
+        out.append(row)
+    return out, rejected, questions
+
+
+def keep_candidates(row: dict, keep: list[int]) -> dict:
+    """``row`` with only the candidates at ``keep`` (their lengths follow)."""
+    lengths = row.get("candidate_lengths")
+    return {**row, "reward_model": {**row["reward_model"], "candidates":
+                                    [row["reward_model"]["candidates"][i] for i in keep]},
+            "candidate_lengths": None if lengths is None else [lengths[i] for i in keep]}
 
 
 # ----------------------------------------------------------------------------- shard files
@@ -95,6 +203,7 @@ def row_schema():
         ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string()),
                                     ("candidates", pa.list_(pa.string()))])),
         ("extra_info", pa.struct([("index", pa.string())])),
+        ("extra_info_json", pa.string()),  # the source's whole extra_info, for export-release
         ("pass_rate", pa.float64()),  # verified answers / samples, before deduplication
         ("samples", pa.int64()),
         ("candidate_lengths", pa.list_(pa.int64())),  # answer lengths in tokens
@@ -108,8 +217,9 @@ def pool_row(example: Example, candidates: list[str], lengths: list[int], correc
             "ability": "math",
             "reward_model": {"ground_truth": example.ground_truth, "style": "rule",
                              "candidates": list(candidates)},
-            "extra_info": {"index": str(example.id)}, "pass_rate": correct / max(samples, 1),
-            "samples": samples, "candidate_lengths": list(lengths)}
+            "extra_info": {"index": str(example.id)},
+            "extra_info_json": json.dumps({"index": str(example.id)}),
+            "pass_rate": correct / max(samples, 1), "samples": samples, "candidate_lengths": list(lengths)}
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> str:
@@ -124,6 +234,33 @@ def write_parquet_atomic(rows: list[dict], path: Path) -> str:
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest
+
+
+def write_pool(rows: list[dict], out: str | Path, origin: dict, shard_size: int = 256) -> dict:
+    """A pool directory from ``rows``, all or nothing: shards and manifest go to
+    ``OUT.partial``, renamed to ``OUT`` at the end. Returns the manifest."""
+    import os
+    import shutil
+
+    out = Path(out)
+    if out.exists():
+        raise DataError(f"{out} already exists; give a new -o or remove it first")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shards = []
+    for k, first in enumerate(range(0, len(rows), shard_size)):
+        chunk, name = rows[first:first + shard_size], f"shard-{k:05d}.parquet"
+        shards.append({"file": name, "sha256": write_parquet_atomic(chunk, tmp / name),
+                       "questions": len(chunk), "kept": len(chunk),
+                       "trajectories": sum(len(r["reward_model"]["candidates"]) for r in chunk)})
+    manifest = {"schema_version": SCHEMA_VERSION, "origin": origin,
+                "counts": {"questions_kept": len(rows),
+                           "trajectories": sum(s["trajectories"] for s in shards)},
+                "shards": shards}
+    write_json_atomic(manifest, tmp / MANIFEST)
+    os.replace(tmp, out)
+    return manifest
 
 
 def write_json_atomic(data, path: Path) -> None:

@@ -84,7 +84,14 @@ class Trainer:
             raise ConfigError("config key algorithm.pool is empty but algorithm.replay_per_prompt "
                               f"is {a.replay_per_prompt}; give a pool directory from "
                               "tools/build_pool.py or the RLEP release parquet, or set M to 0.")
-        self.pool = ExperiencePool.load(a.pool) if a.replay_per_prompt else None
+        self.pool = None
+        if a.replay_per_prompt:
+            self.pool = ExperiencePool.load(a.pool, self.verifier, a.pool_drop_rejected)
+            if self.pool.rejected and is_rank0():
+                fate = "dropped" if a.pool_drop_rejected else \
+                    "kept (algorithm.pool_drop_rejected=true drops them)"
+                print(f"warning: experience pool {a.pool}: {self.pool.rejected} answers are "
+                      f"rejected by the {cfg.verifier.mode} verifier and are {fate}", flush=True)
         self.step, cursor = 0, 0
         latest = self.run_dir / "checkpoints" / "latest"
         if cfg.resume and latest.is_file():

@@ -25,8 +25,8 @@ def assets(tmp_path_factory):
     return model, pool
 
 
-def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900):
-    model, pool = assets
+def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None):
+    model, pool = assets[0], pool or assets[1]
     args = [f"model.path={model}", "data.train_size=8", "data.levels=[1,2]", "data.eval_size=4",
             f"algorithm.prompts_per_rollout={PROMPTS}", "algorithm.prompts_per_update=2",
             f"algorithm.rollouts_per_prompt={G}", f"algorithm.replay_per_prompt={M}",
@@ -101,10 +101,19 @@ def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").config.num_hidden_layers == 2
 
 
+def import_release(release: Path, out: Path) -> Path:
+    tool = Path(__file__).resolve().parent.parent / "tools" / "pool.py"
+    subprocess.run([sys.executable, str(tool), "import-release", str(release), "-o", str(out),
+                    "--shard-size", "2"], check=True, capture_output=True, timeout=300)
+    return out
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("layout", [["parallel.tensor_parallel=2"], []], ids=["tp2", "dp2"])
 def test_rlep_steps_under_two_processes(assets, tmp_path, layout):
-    train(assets, tmp_path / "run", *layout, nproc=2)
+    # DP = 2 trains from the release imported as a pool directory (tools/pool.py import-release)
+    pool = import_release(assets[1], tmp_path / "pool") if not layout else None
+    train(assets, tmp_path / "run", *layout, nproc=2, pool=pool)
     check_batches(tmp_path / "run", *assets)
 
 
