@@ -10,12 +10,17 @@ weight sync into the engine -> validation now and then -> checkpoint now and the
 Run under torchrun/srun for TP/PP/DP; every rank runs this loop with the same data. The step's
 prompt order and replays are pure functions of (seed, position, step), so a resumed run
 continues the same streams.
+
+SIGTERM or SIGUSR1 (a Slurm preemption, ``scontrol requeue``, a time-limit warning) makes every
+rank finish the current step, write a checkpoint and leave; the next start with the same
+``run_dir`` resumes from it.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +43,26 @@ from megatron_rlep.verifier import Verifier
 
 def is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class StopRequest:
+    """Records SIGTERM / SIGUSR1; ``agreed()`` is True on every rank once any rank got one."""
+
+    def __init__(self):
+        self.received = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._record)
+
+    def _record(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def agreed(self) -> bool:
+        from megatron_rlep import platform
+
+        flag = torch.tensor([0.0 if self.received is None else 1.0], device=platform.device())
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 class PromptStream:
@@ -95,8 +120,11 @@ class Trainer:
         self.step, cursor = 0, 0
         latest = self.run_dir / "checkpoints" / "latest"
         if cfg.resume and latest.is_file():
-            extra = self.actor.load(self.run_dir / "checkpoints" / latest.read_text().strip())
+            checkpoint = self.run_dir / "checkpoints" / latest.read_text().strip()
+            extra = self.actor.load(checkpoint)
             self.step, cursor = extra["step"], extra["cursor"]
+            if is_rank0():
+                print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights()
         self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
 
@@ -233,6 +261,7 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), a.total_steps, self.step, is_rank0())
         every = cfg.logging.eval_every
+        stop = StopRequest()
         try:
             while self.step < a.total_steps:
                 step = self.step
@@ -258,6 +287,13 @@ class Trainer:
                 if self.step == a.total_steps:
                     self.actor.save_hf(self.run_dir / "hf")  # the policy for pools and evaluation
                 monitor.log(self.step, metrics)
+                if self.step < a.total_steps and stop.agreed():
+                    if not (cfg.logging.save_every and self.step % cfg.logging.save_every == 0):
+                        self.save(self.step)
+                    if is_rank0():
+                        print(f"stopping on {stop.received or 'a signal to another rank'}: saved "
+                              f"step-{self.step:06d}; the same command resumes from it", flush=True)
+                    break
         finally:
             monitor.close()
             self.verifier.close()

@@ -147,3 +147,43 @@ def test_dynamic_sampling_keeps_whole_aligned_groups(assets, tmp_path):
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["train/groups_dropped"] > 0 and line["train/prompts_drawn"] > PROMPTS
     assert line["train/groups"] == len(groups)
+
+
+@pytest.mark.e2e
+def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets, tmp_path):
+    import signal
+    import time
+
+    model, pool = assets
+    run_dir = tmp_path / "run"
+
+    def cmd(steps):
+        return [sys.executable, "-m", "megatron_rlep.train", f"model.path={model}",
+                "data.train_size=8", "data.eval_size=4", "data.levels=[1,2]",
+                "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
+                "algorithm.rollouts_per_prompt=2", "algorithm.replay_per_prompt=1",
+                f"algorithm.pool={pool}", f"algorithm.total_steps={steps}",
+                "rollout.engine=transformers", "rollout.max_response_length=8",
+                "logging.wandb=disabled", "logging.eval_every=0", "logging.save_every=0",
+                "logging.progress=false", f"run_dir={run_dir}"]
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(cmd(40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline and not (
+            metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = int(out.split("saved step-")[1][:6])
+    assert 2 <= stopped < 40 and "stopping on SIGTERM" in out
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{stopped:06d}"
+    assert not (run_dir / "hf").exists()  # not finished
+    result = subprocess.run(cmd(stopped + 2), capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert f"at step {stopped}" in result.stdout
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == list(range(1, stopped + 3))

@@ -87,6 +87,25 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
             "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
 
 
+def sample(engine, examples: list[Example], k: int, cfg: BuildPoolConfig):
+    """Shard k's completions: ``samples`` per question, seeded by (seed, k)."""
+    return engine.generate([e.prompt for e in examples], n=cfg.samples,
+                           temperature=cfg.temperature, top_p=cfg.top_p,
+                           max_tokens=cfg.rollout.max_response_length, seed=cfg.seed * 1000003 + k)
+
+
+def build_shard(engine, examples: list[Example], k: int, out: Path, verifier: Verifier,
+                cfg: BuildPoolConfig) -> dict:
+    """Sample, verify and write shard k (parquet, then its sidecar); returns its counts."""
+    rows, stats = shard_rows(examples, sample(engine, examples, k, cfg), verifier, cfg)
+    digest = write_parquet_atomic(rows, out / f"shard-{k:05d}.parquet")
+    write_json_atomic({"file": f"shard-{k:05d}.parquet", "sha256": digest,
+                       "questions": [e.id for e in examples], "kept": len(rows),
+                       "trajectories": sum(len(r["reward_model"]["candidates"]) for r in rows),
+                       **stats}, out / f"shard-{k:05d}.json")
+    return stats
+
+
 def shard_done(out: Path, k: int) -> bool:
     sidecar, shard = out / f"shard-{k:05d}.json", out / f"shard-{k:05d}.parquet"
     if not (sidecar.is_file() and shard.is_file()):
@@ -122,16 +141,7 @@ def build(cfg: BuildPoolConfig) -> None:
     seen = correct = samples = 0
     start = time.perf_counter()
     for k in todo:
-        completions = engine.generate([e.prompt for e in shards[k]], n=cfg.samples,
-                                      temperature=cfg.temperature, top_p=cfg.top_p,
-                                      max_tokens=cfg.rollout.max_response_length,
-                                      seed=cfg.seed * 1000003 + k)
-        rows, stats = shard_rows(shards[k], completions, verifier, cfg)
-        digest = write_parquet_atomic(rows, out / f"shard-{k:05d}.parquet")
-        write_json_atomic({"file": f"shard-{k:05d}.parquet", "sha256": digest,
-                           "questions": [e.id for e in shards[k]], "kept": len(rows),
-                           "trajectories": sum(len(r["reward_model"]["candidates"]) for r in rows),
-                           **stats}, out / f"shard-{k:05d}.json")
+        stats = build_shard(engine, shards[k], k, out, verifier, cfg)
         seen += len(shards[k])
         correct += stats["correct"]
         samples += stats["samples"]
