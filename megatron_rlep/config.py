@@ -152,6 +152,7 @@ class EvaluateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # wandb, project, name only
     datasets: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23"])
     data_dir: Optional[str] = None  # where dataset names resolve (<data_dir>/<name>.jsonl)
     limit: Optional[int] = None  # only the first N questions of each dataset (quick checks)
@@ -324,8 +325,9 @@ def compose(overrides: list[str] = (), config_name: str = "config"):
     return load_config(raw, schema)
 
 
-def check_overrides(overrides: list[str], config_name: str = "config") -> None:
-    """Compose and check every job of a command line (sweeps expanded) before Hydra runs it."""
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The jobs of a Hydra command line: sweeps (``key=a,b``) expanded as ``-m`` would, in
+    Hydra's order (the last key varies fastest)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     plain = [o for o in overrides if not o.startswith("hydra") and not o.startswith("-")]
@@ -336,5 +338,10 @@ def check_overrides(overrides: list[str], config_name: str = "config") -> None:
                   else [override.get_value_element_as_str()])
         key = override.get_key_element()
         jobs = [job + [f"{key}={value}"] for job in jobs for value in values]
-    for job in jobs:
+    return jobs
+
+
+def check_overrides(overrides: list[str], config_name: str = "config") -> None:
+    """Compose and check every job of a command line (sweeps expanded) before Hydra runs it."""
+    for job in expand_sweep(overrides):
         compose(job, config_name)

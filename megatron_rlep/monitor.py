@@ -38,6 +38,16 @@ class Monitor:
             self.bar = tqdm(total=total_steps, initial=first_step, unit="step", desc="training",
                             dynamic_ncols=True)
 
+    def _to_wandb(self, call) -> None:
+        """wandb mirrors metrics.jsonl; if its service dies (a preempted job's SIGTERM reaches
+        it too) the run goes on without it."""
+        try:
+            call(self.wandb)
+        except Exception as err:  # noqa: BLE001 - any wandb failure must not stop training
+            print(f"warning: wandb stopped ({type(err).__name__}: {err}); metrics go on to "
+                  f"{self.path}", flush=True)
+            self.wandb = None
+
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines of steps after the checkpoint (they are redone)."""
         if not self.path.exists():
@@ -53,7 +63,7 @@ class Monitor:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+            self._to_wandb(lambda run: run.log(metrics, step=step))
         if self.bar is not None and advance:
             shown = {k.split("/", 1)[1]: f"{v:.3g}" for k, v in metrics.items()
                      if k in ("train/acc_fresh", "train/acc_replay", "train/reward", "val/acc",
@@ -61,19 +71,30 @@ class Monitor:
             self.bar.set_postfix(shown, refresh=False)
             self.bar.update(1)
 
-    def artifact(self, path: str | Path, name: str, kind: str) -> None:
+    def artifact(self, path: str | Path, name: str, kind: str, reference: bool = False) -> None:
+        """Log ``path`` (a file or directory) to wandb as an artifact; ``reference`` records
+        it by path and checksum instead of copying it (large pools)."""
         if self.active and self.wandb is not None and Path(path).exists():
-            import wandb
-
-            art = wandb.Artifact(name, type=kind)
-            (art.add_dir if Path(path).is_dir() else art.add_file)(str(path))
-            self.wandb.log_artifact(art)
+            self._to_wandb(lambda run: log_artifact(run, [path], name, kind, reference))
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            self._to_wandb(lambda run: run.finish())
+
+
+def log_artifact(run, paths, name: str, kind: str, reference: bool = False) -> None:
+    """One wandb artifact holding ``paths`` (files or directories), copied or referenced."""
+    import wandb
+
+    art = wandb.Artifact(name, type=kind)
+    for path in map(Path, paths):
+        if reference:
+            art.add_reference(path.resolve().as_uri())
+        else:
+            (art.add_dir if path.is_dir() else art.add_file)(str(path))
+    run.log_artifact(art)
 
 
 def _run_id(run_dir: Path) -> str:

@@ -260,6 +260,8 @@ class Trainer:
     def run(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
         monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), a.total_steps, self.step, is_rank0())
+        if self.pool is not None:
+            monitor.artifact(a.pool, "experience-pool", "pool", reference=True)
         every = cfg.logging.eval_every
         stop = StopRequest()
         try:
@@ -361,10 +363,28 @@ def _dump(path: Path, groups: list[Group]) -> None:
     path.write_text(json.dumps(data))
 
 
+def name_and_place(cfg: Config) -> None:
+    """Under Hydra: each job of a ``-m`` sweep gets its own run directory (the sweep's
+    ``<run_dir>/multirun/<job number>``), and a run without ``logging.name`` is named after its
+    command-line overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        cfg.run_dir = hydra_cfg.runtime.output_dir
+    if cfg.logging.name is None:
+        shown = [o for o in hydra_cfg.overrides.task if not o.startswith(("run_dir=", "logging."))]
+        cfg.logging.name = ",".join(shown) or Path(cfg.run_dir).name
+
+
 def main(cfg: Config) -> None:
     import logging
 
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-bucket parameter listings
+    name_and_place(cfg)
     Trainer(cfg).run()
     if dist.is_initialized():
         dist.barrier()

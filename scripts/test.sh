@@ -1,4 +1,11 @@
 #!/usr/bin/env bash
 # The test suite. Extra arguments go to pytest, e.g.  scripts/test.sh -k verifier
 source "$(dirname "$0")/env.sh"
+# The Slurm tests start a one-node cluster on this host: Debian's slurm-wlm and munge, once.
+if ! command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing slurm-wlm and munge (apt-get) for the Slurm tests"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge >/dev/null
+fi
 exec python -m pytest -q "$@"

@@ -100,6 +100,27 @@ def write_reports(rows: list[dict], out: Path) -> dict:
     return result
 
 
+def to_wandb(cfg: EvaluateConfig, result: dict, out: Path) -> None:
+    """The metrics as a wandb run's summary, and the output files as an artifact."""
+    from dataclasses import asdict
+
+    import wandb
+
+    from megatron_rlep.monitor import log_artifact
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    run = wandb.init(project=cfg.logging.project, name=cfg.logging.name or f"eval-{out.name}",
+                     config=asdict(cfg), dir=str(out), mode=cfg.logging.wandb, job_type="eval")
+    for source, m in result.items():
+        run.summary[f"eval/{source}/mean@{m['n']}"] = m["mean@n"]
+        for kind in ("pass@k", "maj@k"):
+            for k, value in m[kind].items():
+                run.summary[f"eval/{source}/{kind[:-1]}{k}"] = value
+    log_artifact(run, [out / n for n in ("metrics.json", "metrics.md", "samples.jsonl")],
+                 f"eval-{out.name}", "evaluation")
+    run.finish()
+
+
 def evaluate(cfg: EvaluateConfig) -> dict | None:
     from tqdm.auto import tqdm
 
@@ -153,6 +174,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
         result = write_reports(rows, out)
         print(metrics.markdown(result), end="")
         print(f"wrote {out / 'samples.jsonl'}, {out / 'metrics.json'}, {out / 'metrics.md'}")
+        if cfg.logging.wandb != "disabled":
+            to_wandb(cfg, result, out)
     jobs.barrier()
     return result
 

@@ -1,0 +1,164 @@
+"""A one-node Slurm cluster on this host for tests: munged, slurmctld and slurmd with every file
+(key, sockets, state, logs, slurm.conf) in one directory, started by ``start`` and stopped by
+``stop``. Clients find it through ``env()`` (SLURM_CONF). Needs Debian's slurm-wlm and munge
+(scripts/test.sh installs them) and root, as on the project's machines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
+
+
+def available() -> str | None:
+    """None when a cluster can be started here, else why not."""
+    missing = [d for d in DAEMONS if not shutil.which(d) and not Path(f"/usr/sbin/{d}").exists()]
+    if missing:
+        return f"{', '.join(missing)} not installed (scripts/test.sh installs slurm-wlm and munge)"
+    if os.geteuid() != 0:
+        return "slurmd must run as root here"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _daemon(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+class Cluster:
+    def __init__(self, root: Path, cpus: int | None = None):
+        self.root = Path(root)
+        self.cpus = cpus or os.cpu_count() or 1
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = self.root / "slurm.conf"
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self) -> dict:
+        return dict(os.environ, SLURM_CONF=str(self.conf))
+
+    def _write_config(self) -> None:
+        r = self.root
+        for d in ("state", "spool", "log", "munge"):
+            (r / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(r / "munge", 0o700)
+        key = r / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o600)
+        # cred_expire (s) is also how long a requeued job waits before it may start again
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20
+        self.conf.write_text(f"""\
+ClusterName=rlep-test
+SlurmctldHost={self.host}
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+AuthType=auth/munge
+AuthInfo=socket={r / 'munge' / 'munge.socket'},cred_expire=10
+CredType=cred/munge
+StateSaveLocation={r / 'state'}
+SlurmdSpoolDir={r / 'spool'}
+SlurmctldPidFile={r / 'slurmctld.pid'}
+SlurmdPidFile={r / 'slurmd.pid'}
+SlurmctldLogFile={r / 'log' / 'slurmctld.log'}
+SlurmdLogFile={r / 'log' / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+SchedulerType=sched/builtin
+KillWait=60
+InactiveLimit=0
+MinJobAge=600
+SlurmctldTimeout=30
+SlurmdTimeout=30
+NodeName={self.host} CPUs={self.cpus} RealMemory={memory} State=UNKNOWN
+PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+""")
+
+    def start(self, timeout: float = 60) -> "Cluster":
+        self._write_config()
+        r = self.root
+        subprocess.run([_daemon("munged"), "--force", f"--socket={r / 'munge' / 'munge.socket'}",
+                        f"--key-file={r / 'munge' / 'munge.key'}",
+                        f"--log-file={r / 'log' / 'munged.log'}",
+                        f"--pid-file={r / 'munge' / 'munged.pid'}",
+                        f"--seed-file={r / 'munge' / 'munged.seed'}"], check=True,
+                       capture_output=True)
+        for daemon in ("slurmctld", "slurmd"):
+            self.procs.append(subprocess.Popen(
+                [_daemon(daemon), "-D", "-f", str(self.conf)] + (["-i"] if daemon == "slurmctld" else []),
+                env=self.env(), stdout=open(r / "log" / f"{daemon}.out", "w"),
+                stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env(),
+                                   capture_output=True, text=True)
+            if state.returncode == 0 and state.stdout.strip() in ("idle", "mixed", "allocated"):
+                return self
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.5)
+        logs = "\n".join(p.read_text()[-1500:] for p in sorted((r / "log").glob("*")) if p.is_file())
+        self.stop()
+        raise RuntimeError(f"the test Slurm cluster did not come up:\n{logs}")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.procs = []
+        pid = self.root / "munge" / "munged.pid"
+        if pid.is_file():
+            try:
+                os.kill(int(pid.read_text().strip()), signal.SIGTERM)
+            except (ProcessLookupError, ValueError):
+                pass
+
+    # ------------------------------------------------------------------ client helpers
+
+    def run(self, *args: str, check: bool = True) -> str:
+        result = subprocess.run(list(args), env=self.env(), capture_output=True, text=True,
+                                timeout=60)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def job_state(self, job: str) -> str:
+        out = self.run("scontrol", "show", "job", job, "-o")
+        return next(f.split("=", 1)[1] for f in out.split() if f.startswith("JobState="))
+
+    def job_field(self, job: str, name: str) -> str:
+        out = self.run("scontrol", "show", "job", job, "-o")
+        return next(f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}="))
+
+    def wait(self, job: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                     "OUT_OF_MEMORY", "PREEMPTED"), timeout: float = 900) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            state = self.job_state(job)
+            if state in states:
+                return state
+            time.sleep(1)
+        raise TimeoutError(f"job {job} still {self.job_state(job)} after {timeout} s")

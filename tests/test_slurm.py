@@ -1,0 +1,117 @@
+"""slurm/ on a real one-node Slurm cluster started on this host: the training script runs two
+ranks through srun + torchrun and writes its checkpoint and metrics; a job requeued mid-run
+checkpoints on the signal and its restart resumes from that checkpoint; a Hydra sweep runs as
+an array job."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import slurm_cluster  # noqa: E402
+import tiny  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+WHY_NOT = slurm_cluster.available()
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    WHY_NOT is not None and not os.environ.get("CI"), reason=f"no Slurm here: {WHY_NOT}")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if WHY_NOT is not None:
+        pytest.fail(f"CI must run the Slurm tests, but {WHY_NOT}")
+    root = tmp_path_factory.mktemp("slurm")
+    os.chmod(root, 0o700)
+    c = slurm_cluster.Cluster(root).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm-assets")
+    return tiny.make_model(root / "model"), tiny.make_pool(root / "pool.parquet", 8, [1, 2], 1)
+
+
+def overrides(assets, steps, *extra):
+    model, pool = assets
+    return [f"model.path={model}", "data.train_size=8", "data.eval_size=4", "data.levels=[1,2]",
+            "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
+            "algorithm.rollouts_per_prompt=2", "algorithm.replay_per_prompt=1",
+            f"algorithm.pool={pool}", f"algorithm.total_steps={steps}",
+            "rollout.engine=transformers", "rollout.max_response_length=8",
+            "logging.wandb=offline", "logging.progress=false", *extra]
+
+
+def submit(cluster, script, run_dir, args, nproc=1, sbatch=()):
+    env = {"MEGATRON_RLEP_VENV": sys.prefix, "NPROC_PER_NODE": str(nproc), "RUN_DIR": str(run_dir),
+           "PYTHONWARNINGS": "ignore"}
+    exports = "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
+    array = any(a.startswith("--array") for a in sbatch)
+    out = run_dir.parent / f"{run_dir.name}-{'%A_%a' if array else '%j'}.out"
+    job = cluster.run("sbatch", "--parsable", f"--export={exports}", f"--chdir={REPO}",
+                      f"--output={out}", f"--cpus-per-task={cluster.cpus}", *sbatch,
+                      str(REPO / "slurm" / script), *args)
+    job = job.split(";")[0]
+    return job, Path(str(out).replace("%j", job).replace("%A", job))
+
+
+def steps_logged(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_training_job_on_two_ranks_writes_checkpoint_and_metrics(cluster, assets, tmp_path):
+    run_dir = tmp_path / "run"
+    job, log = submit(cluster, "train.sbatch", run_dir,
+                      overrides(assets, 2, "logging.eval_every=2", "logging.save_every=1"), nproc=2)
+    state = cluster.wait(job)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+    assert f"job {job} (restart 0) on 1 node(s) x 2 rank(s)" in text
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert steps_logged(run_dir) == [0, 1, 2]
+    assert (run_dir / "hf" / "config.json").is_file()
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_requeued_job_checkpoints_and_resumes(cluster, assets, tmp_path):
+    import time
+
+    run_dir = tmp_path / "run"
+    total = 30
+    job, log = submit(cluster, "train.sbatch", run_dir,
+                      overrides(assets, total, "logging.eval_every=0", "logging.save_every=0"))
+    deadline = time.time() + 300
+    while len(steps_logged(run_dir)) < 3 and time.time() < deadline:
+        assert cluster.job_state(job) in ("PENDING", "RUNNING"), log.read_text()[-3000:]
+        time.sleep(0.3)
+    cluster.run("scontrol", "requeue", job)
+    state = cluster.wait(job)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+    assert cluster.job_field(job, "Restarts") == "1"
+    stopped = int(text.split("saved step-")[1][:6])
+    assert 3 <= stopped < total, text[-3000:]
+    assert f"at step {stopped}" in text and "(restart 1)" in text
+    assert steps_logged(run_dir) == list(range(1, total + 1))
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{total:06d}"
+
+
+def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):
+    base = tmp_path / "sweep"
+    job, log = submit(cluster, "sweep.sbatch", base,
+                      overrides(assets, 1, "logging.eval_every=0") + ["seed=1,2"],
+                      sbatch=("--array=0-1",))
+    for index, seed in ((0, 1), (1, 2)):
+        task_log = Path(str(log).replace("%a", str(index)))
+        assert cluster.wait(f"{job}_{index}") == "COMPLETED", task_log.read_text()[-3000:]
+        assert steps_logged(base / str(index)) == [1]
+        record = next((base / str(index) / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert f"seed={seed}".encode() in record.read_bytes()  # named after its overrides
