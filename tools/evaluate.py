@@ -5,7 +5,7 @@
     torchrun --nproc_per_node N tools/evaluate.py ...      # data-parallel ranks
 
 Dataset names resolve to ``<data_dir>/<name>.jsonl`` or ``.parquet`` (``data_dir`` defaults to
-$MEGATRON_RLEP_EVAL_DATA or ../shared/data/eval), to file paths, to hub ids, or to the built-in
+$RLEP_EVAL_DIR or ../shared/data/eval), to file paths, to hub ids, or to the built-in
 ``arithmetic`` test split. Questions are cut into units of ``chunk_size``; unit u is sampled
 with seed (seed, u) by rank u mod N, so the samples do not depend on the number of ranks, and
 is written atomically to ``DIR/parts/``; a rerun of the same command after a kill redoes only
