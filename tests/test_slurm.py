@@ -115,3 +115,26 @@ def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):
         assert steps_logged(base / str(index)) == [1]
         record = next((base / str(index) / "wandb").glob("offline-run-*/run-*.wandb"))
         assert f"seed={seed}".encode() in record.read_bytes()  # named after its overrides
+
+
+def test_pipeline_chains_baseline_pool_rlep_and_evaluation(cluster, tmp_path):
+    import re
+    import subprocess
+
+    env = dict(cluster.env(), OUT=str(tmp_path / "pipeline"), SBATCH_ARGS="--hold")
+    result = subprocess.run(["bash", str(REPO / "slurm" / "pipeline.sh"), "cpu"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    base, pool, rlep, eval_base, eval_rlep = re.search(
+        r"baseline (\d+) -> pool (\d+) -> rlep (\d+); evaluation (\d+), (\d+)", result.stdout).groups()
+    try:
+        expected = {pool: base, rlep: pool, eval_base: base, eval_rlep: rlep}
+        for job, after in expected.items():
+            assert cluster.job_field(job, "Dependency").startswith(f"afterok:{after}")
+        scripts = {base: "train.sbatch", pool: "build_pool.sbatch", rlep: "train.sbatch",
+                   eval_base: "evaluate.sbatch", eval_rlep: "evaluate.sbatch"}
+        for job, script in scripts.items():
+            assert cluster.job_field(job, "Command").endswith(f"slurm/{script}")
+            assert cluster.job_field(job, "StdOut").startswith(str(tmp_path / "pipeline"))
+    finally:
+        cluster.run("scancel", base, pool, rlep, eval_base, eval_rlep, check=False)
