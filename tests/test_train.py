@@ -39,6 +39,8 @@ def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None)
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    flags = [a for a in args if a.startswith("-")]  # Hydra's -m goes before the overrides
+    args = flags + [a for a in args if not a.startswith("-")]
     result = subprocess.run([*launcher, "-m", "megatron_rlep.train", *args], capture_output=True,
                             text=True, timeout=timeout, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -187,3 +189,17 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     assert f"at step {stopped}" in result.stdout
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == list(range(1, stopped + 3))
+
+
+@pytest.mark.e2e
+def test_local_multirun_sweep_gives_each_job_its_own_run_dir(assets, tmp_path):
+    base = tmp_path / "sweep"
+    train(assets, base, "-m", "seed=1,2", "logging.eval_every=0", "logging.dump_batches=false",
+          "rollout.check_sync=false", steps=1)
+    for job, seed in ((0, 1), (1, 2)):
+        run = base / "multirun" / str(job)
+        assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+        assert (run / "checkpoints" / "latest").is_file()
+        record = next((run / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert f"seed={seed}".encode() in record.read_bytes()  # named after its overrides
+    assert not (base / "metrics.jsonl").exists()
