@@ -4,7 +4,9 @@ For each shard k of the built-in task, in alternating order: the bare generation
 (``engine.generate`` with the shard's seed) and the pool builder's whole work on shard k
 (``tools/build_pool.py:build_shard``: the same generation, then verification, deduplication,
 selection and the atomic shard + sidecar writes). Both draw the same completions, so the
-difference is the builder's overhead. Prints samples/s of each and the overhead.
+difference is the builder's overhead. As generation time varies from call to call, the
+builder's own work (``write_shard`` on the bare completions) is also timed alone. Prints
+samples/s of each, the overhead measured both ways.
 
     python benchmarks/pool_build.py [--shards 4] [key=value overrides of conf/build_pool.yaml]
 """
@@ -50,24 +52,31 @@ def main():
                          cfg.data.max_prompt_length + cfg.rollout.max_response_length, 1)
     verifier = Verifier(cfg.verifier.mode)
     build_pool.sample(engine, shards[0][:1], 0, cfg)  # warm-up
-    times = {"bare": 0.0, "build": 0.0}
+    times = {"bare": 0.0, "build": 0.0, "builder_work": 0.0}
     samples = 0
     with tempfile.TemporaryDirectory() as out:
+        (Path(out) / "alone").mkdir()
         for k, shard in enumerate(shards):
             order = ("bare", "build") if k % 2 == 0 else ("build", "bare")
             for kind in order:
                 start = time.perf_counter()
                 if kind == "bare":
-                    build_pool.sample(engine, shard, k, cfg)
+                    completions = build_pool.sample(engine, shard, k, cfg)
+                    times["bare"] += time.perf_counter() - start
+                    start = time.perf_counter()
+                    build_pool.write_shard(shard, completions, k, Path(out) / "alone", verifier, cfg)
+                    times["builder_work"] += time.perf_counter() - start
                 else:
                     build_pool.build_shard(engine, shard, k, Path(out), verifier, cfg)
-                times[kind] += time.perf_counter() - start
+                    times["build"] += time.perf_counter() - start
             samples += len(shard) * cfg.samples
     verifier.close()
     result = {"shards": len(shards), "samples": samples,
               "bare_samples_per_s": samples / times["bare"],
               "build_samples_per_s": samples / times["build"],
               "overhead": times["build"] / times["bare"] - 1,
+              "builder_work_s": times["builder_work"],
+              "builder_work_overhead": times["builder_work"] / times["bare"],
               "settings": DEFAULTS + args.overrides}
     print(json.dumps(result, indent=1))
 

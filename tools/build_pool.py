@@ -97,7 +97,13 @@ def sample(engine, examples: list[Example], k: int, cfg: BuildPoolConfig):
 def build_shard(engine, examples: list[Example], k: int, out: Path, verifier: Verifier,
                 cfg: BuildPoolConfig) -> dict:
     """Sample, verify and write shard k (parquet, then its sidecar); returns its counts."""
-    rows, stats = shard_rows(examples, sample(engine, examples, k, cfg), verifier, cfg)
+    return write_shard(examples, sample(engine, examples, k, cfg), k, out, verifier, cfg)
+
+
+def write_shard(examples: list[Example], completions, k: int, out: Path, verifier: Verifier,
+                cfg: BuildPoolConfig) -> dict:
+    """Verify, select and write shard k from its completions."""
+    rows, stats = shard_rows(examples, completions, verifier, cfg)
     digest = write_parquet_atomic(rows, out / f"shard-{k:05d}.parquet")
     write_json_atomic({"file": f"shard-{k:05d}.parquet", "sha256": digest,
                        "questions": [e.id for e in examples], "kept": len(rows),
