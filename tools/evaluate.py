@@ -33,6 +33,7 @@ from megatron_rlep.rollout import make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
 ARITHMETIC_QUESTIONS = 64  # the built-in task's test questions when no limit is given
+PROMPT_TOKENS = 1024  # prompt room in the engine's context (the trainer's data.max_prompt_length)
 
 
 def load_datasets(cfg: EvaluateConfig) -> dict[str, list[tuple[str, Example]]]:
@@ -142,9 +143,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     verifier = Verifier(cfg.verifier.mode)
     engine = None
     if todo:
-        prompt_len = max(len(e.question) for items in datasets.values() for _, e in items)
         engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
-                             cfg.seed, prompt_len + max_tokens + 64, tensor_parallel=1)
+                             cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=1)
     bar = tqdm(total=sum(len(datasets[s][i:i + cfg.chunk_size]) for s, i in (units[u] for u in todo)),
                unit="question", desc=f"eval rank {rank}", disable=not cfg.progress,
                dynamic_ncols=True)
