@@ -40,7 +40,7 @@ def barrier() -> None:
 def pin_settings(path: Path, wanted: dict, rank: int) -> None:
     """Write ``wanted`` to ``path`` on the first run; on a rerun, refuse other settings."""
     from megatron_rlep.config import ConfigError
-    from megatron_rlep.pool import write_json_atomic
+    from megatron_rlep.files import write_json_atomic
 
     if rank == 0 and not path.is_file():
         write_json_atomic(wanted, path)

@@ -19,6 +19,7 @@ import random
 from pathlib import Path
 
 from megatron_rlep.data import DataError, Example
+from megatron_rlep.files import file_sha256, temporary_beside, write_json_atomic
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
@@ -229,7 +230,7 @@ def write_parquet_atomic(rows: list[dict], path: Path) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_beside(path)
     pq.write_table(pa.Table.from_pylist(rows, schema=row_schema()), tmp)
     digest = file_sha256(tmp)
     os.replace(tmp, path)
@@ -261,22 +262,6 @@ def write_pool(rows: list[dict], out: str | Path, origin: dict, shard_size: int 
     write_json_atomic(manifest, tmp / MANIFEST)
     os.replace(tmp, out)
     return manifest
-
-
-def write_json_atomic(data, path: Path) -> None:
-    import os
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def sample_replays(answers: tuple[str, ...], m: int, seed: int, step: int, key: str) -> list[str]:

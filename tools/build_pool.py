@@ -29,8 +29,8 @@ from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
 from megatron_rlep import jobs  # noqa: E402
 from megatron_rlep.config import BuildPoolConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
-from megatron_rlep.pool import (MANIFEST, SCHEMA_VERSION, file_sha256, pool_row,  # noqa: E402
-                                write_json_atomic, write_parquet_atomic)
+from megatron_rlep.files import file_sha256, write_json_atomic  # noqa: E402
+from megatron_rlep.pool import MANIFEST, SCHEMA_VERSION, pool_row, write_parquet_atomic  # noqa: E402
 from megatron_rlep.rollout import make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 

@@ -29,6 +29,7 @@ from megatron_rlep import jobs, metrics  # noqa: E402
 from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
 from megatron_rlep.config import ConfigError, EvaluateConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
+from megatron_rlep.files import write_json_atomic, write_text_atomic  # noqa: E402
 from megatron_rlep.rollout import make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
@@ -82,22 +83,14 @@ def sample_rows(items, completions, verifier: Verifier) -> list[dict]:
 
 
 def write_jsonl_atomic(rows: list[dict], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), path)
 
 
 def write_reports(rows: list[dict], out: Path) -> dict:
     """metrics.json and metrics.md of ``rows`` in ``out``; returns the metrics."""
-    from megatron_rlep.pool import write_json_atomic
-
     result = metrics.compute(rows)
     write_json_atomic(result, out / "metrics.json")
-    tmp = out / f".metrics.md.tmp-{os.getpid()}"
-    tmp.write_text(metrics.markdown(result))
-    os.replace(tmp, out / "metrics.md")
+    write_text_atomic(metrics.markdown(result), out / "metrics.md")
     return result
 
 

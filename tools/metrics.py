@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from megatron_rlep import metrics  # noqa: E402
-from megatron_rlep.pool import write_json_atomic  # noqa: E402
+from megatron_rlep.files import write_json_atomic, write_text_atomic  # noqa: E402
 
 FIELDS = ("data_source", "id", "sample_index", "pred", "correct")
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     write_json_atomic(result, args.output)
     table = metrics.markdown(result)
     if args.md:
-        args.md.write_text(table)
+        write_text_atomic(table, args.md)
     print(table, end="")
     return 0
 

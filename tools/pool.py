@@ -24,8 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from megatron_rlep.data import DataError  # noqa: E402
-from megatron_rlep.pool import (check_rows, file_sha256, keep_candidates, read_rows,  # noqa: E402
-                                row_id, row_key, verify_rows, write_pool)
+from megatron_rlep.files import file_sha256, temporary_beside  # noqa: E402
+from megatron_rlep.pool import (check_rows, keep_candidates, read_rows, row_id,  # noqa: E402
+                                row_key, verify_rows, write_pool)
 
 
 def candidates(row: dict) -> list[str]:
@@ -64,7 +65,7 @@ def plot_stats(rows: list[dict], path: Path, title: str) -> None:
         axes[0][1].set(xlabel="pass rate when sampled", ylabel="questions")
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    tmp = temporary_beside(path)
     fig.savefig(tmp, dpi=120)
     os.replace(tmp, path)
 
@@ -223,7 +224,7 @@ def cmd_export(args) -> None:
     rows = [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": r["ability"],
              "reward_model": r["reward_model"], "extra_info": json.loads(r["extra_info_json"])}
             for r in check_rows(read_rows(args.pool), args.pool)]
-    tmp = args.output.with_name(f".{args.output.name}.tmp-{os.getpid()}")
+    tmp = temporary_beside(args.output)
     pq.write_table(pa.Table.from_pylist(rows), tmp)
     os.replace(tmp, args.output)
     print(f"{args.output}: {len(rows)} questions in the RLEP release format")
