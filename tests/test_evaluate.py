@@ -41,7 +41,8 @@ def test_every_shared_eval_file_evaluates_by_name(tmp_path):
     assert len(names) >= 5
     out = tmp_path / "eval"
     result = run(command(out, f"datasets=[{','.join(names)}]", f"data_dir={EVAL_DATA}",
-                         "limit=2", "samples=2", "max_tokens=6", "chunk_size=2"))
+                         "limit=2", "samples=2", "max_tokens=6", "chunk_size=2",
+                         "logging=offline"))
     samples = read(out / "samples.jsonl")
     assert sorted({r["data_source"] for r in samples}) == names
     assert len(samples) == len(names) * 2 * 2
@@ -56,6 +57,8 @@ def test_every_shared_eval_file_evaluates_by_name(tmp_path):
     assert m["all"]["questions"] == 2 * len(names) and m["all"]["n"] == 2
     assert set(m["all"]["pass@k"]) == {"1", "2"} == set(m["all"]["maj@k"])
     assert (out / "metrics.md").read_text() in result.stdout
+    record = next((out / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
+    assert b"eval-eval" in record and b"eval/all/pass@2" in record  # artifact and summary
     recomputed = tmp_path / "again.json"
     run([sys.executable, str(TOOL.parent / "metrics.py"), str(out / "samples.jsonl"),
          "-o", str(recomputed)])

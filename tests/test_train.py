@@ -97,7 +97,9 @@ def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path):
     assert lines[-1]["val/arithmetic/pass@2"] >= lines[-1]["val/arithmetic/mean@2"]
     assert lines[-1]["val/acc"] == lines[-1]["val/arithmetic/mean@2"]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
-    assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run"
+    record = next((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
+    assert b"replay_per_prompt" in record  # the resolved config
+    assert b"experience-pool" in record  # the pool, logged as an artifact (by reference)
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").config.num_hidden_layers == 2
