@@ -283,14 +283,15 @@ class Trainer:
                 metrics["time/step_s"] = time.perf_counter() - t0
                 if cfg.logging.dump_batches and is_rank0():
                     _dump(self.run_dir / "batches" / f"step-{step:06d}.json", groups)
-                if self.step == a.total_steps or (cfg.logging.save_every
-                                                  and self.step % cfg.logging.save_every == 0):
+                saved = self.step == a.total_steps or (cfg.logging.save_every and
+                                                       self.step % cfg.logging.save_every == 0)
+                if saved:
                     self.save(self.step)
                 if self.step == a.total_steps:
                     self.actor.save_hf(self.run_dir / "hf")  # the policy for pools and evaluation
                 monitor.log(self.step, metrics)
                 if self.step < a.total_steps and stop.agreed():
-                    if not (cfg.logging.save_every and self.step % cfg.logging.save_every == 0):
+                    if not saved:
                         self.save(self.step)
                     if is_rank0():
                         print(f"stopping on {stop.received or 'a signal to another rank'}: saved "
