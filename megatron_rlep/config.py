@@ -139,6 +139,7 @@ class BuildPoolConfig:
     temperature: float = 0.7
     top_p: float = 0.95
     min_correct: int = 2  # keep a question only with at least this many verified answers
+    dedupe: bool = True  # drop exact duplicate answers (counted once toward min_correct)
     max_keep: Optional[int] = None  # at most this many answers per question
     keep: str = "random"  # which answers max_keep keeps: random | shortest | diverse
     out: str = "runs/pool"

@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
+from megatron_rlep.data import Example  # noqa: E402
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "build_pool.py"
 
@@ -110,3 +111,29 @@ def test_other_settings_into_the_same_directory_are_refused(tiny_model, tmp_path
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 2
     assert "other settings (sampling" in result.stderr and "new out=" in result.stderr
+
+
+def test_dedupe_counts_identical_answers_once_and_off_keeps_them_all():
+    sys.path.insert(0, str(TOOL.parent))
+    from build_pool import shard_rows
+
+    from megatron_rlep.config import BuildPoolConfig
+    from megatron_rlep.data import dapo_prompt
+    from megatron_rlep.rollout.base import Completion
+    from megatron_rlep.verifier import Verifier
+
+    example = Example("q1", dapo_prompt("Compute $2 + 3$."), "5", "arithmetic-L1")
+    same = Completion("2 + 3 = 5.\nAnswer: 5", (1, 2, 3), True)
+    group = [same, Completion("Answer: 6", (4,), True), same, same]
+    verifier = Verifier("dapo")
+    try:
+        rows, stats = shard_rows([example], [group], verifier, BuildPoolConfig(min_correct=2))
+        assert rows == [] and stats == {"samples": 4, "correct": 3}  # one distinct answer
+        rows, stats = shard_rows([example], [group], verifier,
+                                 BuildPoolConfig(min_correct=2, dedupe=False))
+    finally:
+        verifier.close()
+    assert stats == {"samples": 4, "correct": 3}
+    (row,) = rows
+    assert row["reward_model"]["candidates"] == [same.text] * 3
+    assert (row["pass_rate"], row["samples"], row["candidate_lengths"]) == (0.75, 4, [3, 3, 3])

@@ -57,21 +57,21 @@ def select(texts: list[str], lengths: list[int], limit: int | None, rule: str, k
 
 
 def shard_rows(examples: list[Example], completions, verifier: Verifier, cfg: BuildPoolConfig):
-    """Rows of the questions that keep at least ``min_correct`` distinct verified answers."""
+    """Rows of the questions that keep at least ``min_correct`` verified answers (distinct ones
+    with ``dedupe``)."""
     rows, stats = [], {"samples": 0, "correct": 0}
     for ex, group in zip(examples, completions):
         good = [c for c in group if verifier.verdict(c.text, ex.ground_truth)[0]]
-        verified = {}
-        for c in good:
-            verified.setdefault(c.text, len(c.token_ids))  # exact duplicates removed
         stats["samples"] += len(group)
         stats["correct"] += len(good)
-        correct = len(good)
+        verified = {}  # key -> (text, length); with dedupe, exact duplicates share a key
+        for i, c in enumerate(good):
+            verified.setdefault(c.text if cfg.dedupe else i, (c.text, len(c.token_ids)))
         if len(verified) < cfg.min_correct:
             continue
-        texts, lengths = list(verified), list(verified.values())
+        texts, lengths = [t for t, _ in verified.values()], [n for _, n in verified.values()]
         keep = select(texts, lengths, cfg.max_keep, cfg.keep, ex.question, cfg.seed)
-        rows.append(pool_row(ex, [texts[i] for i in keep], [lengths[i] for i in keep], correct,
+        rows.append(pool_row(ex, [texts[i] for i in keep], [lengths[i] for i in keep], len(good),
                              len(group)))
     return rows, stats
 
@@ -83,7 +83,7 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
             "sampling": {"samples": cfg.samples, "temperature": cfg.temperature,
                          "top_p": cfg.top_p, "max_tokens": cfg.rollout.max_response_length,
                          "seed": cfg.seed},
-            "verifier": cfg.verifier.mode, "min_correct": cfg.min_correct,
+            "verifier": cfg.verifier.mode, "min_correct": cfg.min_correct, "dedupe": cfg.dedupe,
             "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
 
 
