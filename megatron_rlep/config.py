@@ -168,17 +168,37 @@ class EvaluateConfig:
     progress: bool = True
 
 
-SCHEMAS = {"config": Config, "build_pool": BuildPoolConfig, "evaluate": EvaluateConfig}
+@dataclass
+class DemoConfig:
+    """python -m megatron_rlep.demo: baseline, pool, RLEP, evaluation and report in one run."""
+    experiment: str = "cpu_demo"  # the training preset both runs share (conf/experiment/)
+    replay_per_prompt: int = 2  # M of the RLEP run; the baseline has 0
+    seed: int = 1  # both runs, the pool and the evaluation
+    out: str = "runs/demo"
+    pool_samples: int = 6  # answers sampled per training question for the pool
+    pool_temperature: float = 0.7
+    pool_top_p: float = 0.95
+    min_correct: int = 2
+    pool_dedupe: bool = False  # short arithmetic answers repeat word for word: keep them all
+    eval_samples: int = 4  # answers per held-out question in the final evaluation
+    wandb: str = "disabled"  # online | offline | disabled, for both runs and the evaluations
+    progress: bool = True
+
+
+SCHEMAS = {"config": Config, "build_pool": BuildPoolConfig, "evaluate": EvaluateConfig,
+           "demo": DemoConfig}
 
 
 def _register_schema() -> None:
-    """Make ``base_config`` / ``build_pool_schema`` / ``evaluate_schema`` (each schema with its
-    defaults) the first entry of conf/config.yaml / build_pool.yaml / evaluate.yaml."""
+    """Make ``base_config`` / ``build_pool_schema`` / ``evaluate_schema`` / ``demo_schema``
+    (each schema with its defaults) the first entry of conf/config.yaml / build_pool.yaml /
+    evaluate.yaml / demo.yaml."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=Config)
     ConfigStore.instance().store(name="build_pool_schema", node=BuildPoolConfig)
     ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+    ConfigStore.instance().store(name="demo_schema", node=DemoConfig)
 
 
 _register_schema()
@@ -195,6 +215,7 @@ _CHOICES = {
     "verifier.mode": ("dapo", "math"),
     "model.dtype": ("auto", "float32", "bfloat16"),
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
+    "wandb": ("online", "offline", "disabled"),
 }
 _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),
@@ -212,7 +233,9 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
     "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "data.eval_samples": (1, None),
     "logging.eval_every": (0, None), "logging.save_every": (0, None), "limit": (1, None),
-    "max_tokens": (1, None), "chunk_size": (1, None),
+    "max_tokens": (1, None), "chunk_size": (1, None), "replay_per_prompt": (1, None),
+    "pool_samples": (1, None), "pool_temperature": (0.0, None), "pool_top_p": (0.0, 1.0),
+    "eval_samples": (1, None),
 }
 
 
@@ -331,8 +354,14 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     Hydra's order (the last key varies fastest)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from hydra.errors import OverrideParseException
+
     plain = [o for o in overrides if not o.startswith("hydra") and not o.startswith("-")]
-    parsed = OverridesParser.create().parse_overrides(plain)
+    try:
+        parsed = OverridesParser.create().parse_overrides(plain)
+    except OverrideParseException as err:
+        raise ConfigError(f"a command-line override cannot be parsed ({str(err).splitlines()[0]}); "
+                          "write key=value, quoting values with spaces or '='.") from None
     jobs: list[list[str]] = [[]]
     for override in parsed:
         values = (list(override.sweep_string_iterator()) if override.is_sweep_override()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the built-in default: SmolLM2-135M answers built-in arithmetic questions.
-# Extra arguments are Hydra overrides, e.g.  scripts/run.sh samples=8 questions=10
+# The main job on the built-in default: the two-phase demo (DAPO baseline, experience pool, RLEP
+# from the base model, evaluation of both, report) on SmolLM2-135M and built-in arithmetic.
+# Extra arguments are demo keys or training overrides, e.g.  scripts/run.sh seed=2 out=runs/demo-2
 source "$(dirname "$0")/env.sh"
-exec python -m megatron_rlep.quickstart experiment=quickstart "$@"
+exec python -m megatron_rlep.demo "$@"

@@ -1,0 +1,323 @@
+"""The two-phase method on one machine: DAPO baseline -> experience pool -> RLEP -> evaluation
+-> report.
+
+    python -m megatron_rlep.demo [seed=1] [out=runs/demo] [replay_per_prompt=2] \
+        [experiment=cpu_demo] [algorithm.total_steps=12 data.levels=[1,2] ...]
+
+The demo's own keys are those of ``DemoConfig`` (megatron_rlep/config.py); every other
+``key=value`` is a training override given to both runs.
+
+1. the baseline: ``python -m megatron_rlep.train experiment=<experiment>`` with M = 0;
+2. the pool: ``tools/build_pool.py`` samples ``pool_samples`` answers per training question from
+   the baseline's final policy and keeps questions with ``min_correct`` verified answers;
+3. RLEP: the same preset, seed and overrides, from the base model, with M = ``replay_per_prompt``
+   and that pool;
+4. ``tools/evaluate.py`` on the held-out questions the runs validated on, for both final policies;
+5. ``tools/plot.py`` and ``tools/pool.py stats`` draw ``curves.png`` and ``pool.png``; the report
+   (``report.md``, ``report.json``) is put together from the runs' ``metrics.jsonl``, the
+   evaluations' ``metrics.json`` and the pool statistics.
+
+Each stage is the project's own command in a child process (the same commands slurm/pipeline.sh
+chains on a cluster); its output goes to ``OUT/logs/<stage>.log`` and a live bar follows its
+files. A finished stage is recorded in ``OUT/stages.json`` and not redone when the same command
+runs again; a stage cut short resumes, since every command here resumes. The settings are
+pinned in ``OUT/demo.json``: a rerun with others into the same ``out`` is refused.
+
+This module only orchestrates and reports; it trains, samples and scores nothing itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from megatron_rlep import jobs
+from megatron_rlep.config import Config, ConfigError, DemoConfig, compose
+from megatron_rlep.files import write_json_atomic, write_text_atomic
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ("baseline", "rlep")
+POOL_SHARD = 8  # questions per pool shard: the pool stage's unit of progress and resuming
+EVAL_CHUNK = 8  # questions per evaluation unit
+
+
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the demo's own overrides, the training overrides) of a command line."""
+    own = {f.name for f in fields(DemoConfig)}
+    mine = [a for a in argv if a.split("=", 1)[0].lstrip("+~") in own]
+    return mine, [a for a in argv if a not in mine]
+
+
+def training_overrides(cfg: DemoConfig, extra: list[str], run: str, out: Path) -> list[str]:
+    """The trainer's command line for ``run``: the shared preset and overrides, then what tells
+    the two runs apart (M and the pool)."""
+    shared = [f"experiment={cfg.experiment}", f"seed={cfg.seed}", *extra,
+              f"logging.wandb={cfg.wandb}", "logging.progress=false", f"run_dir={out / run}"]
+    if run == "baseline":
+        return shared + ["algorithm.replay_per_prompt=0"]
+    return shared + ["algorithm.name=rlep", f"algorithm.replay_per_prompt={cfg.replay_per_prompt}",
+                     f"algorithm.pool={out / 'pool'}"]
+
+
+def _listing(values) -> str:
+    return "[" + ",".join(str(v) for v in values) + "]"
+
+
+class Stage:
+    """One child command, the files that show its progress, and what it counts in."""
+
+    def __init__(self, name: str, title: str, argv: list[str], total: int, unit: str, count):
+        self.name, self.title, self.argv = name, title, argv
+        self.total, self.unit, self.count = total, unit, count
+
+
+def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[Stage]:
+    """The five stages, with pool and evaluation settings read off the training config so they
+    sample the same questions at the same response limit."""
+    py = sys.executable
+    data, rollout = train.data, train.rollout
+    task = [f"data.data_dir={data.data_dir}"] if data.data_dir else []
+    pool_argv = [py, str(ROOT / "tools" / "build_pool.py"), f"model.path={out / 'baseline' / 'hf'}",
+                 f"data.train={data.train}", f"data.levels={_listing(data.levels)}",
+                 f"data.train_size={data.train_size}", *task, f"samples={cfg.pool_samples}",
+                 f"temperature={cfg.pool_temperature}", f"top_p={cfg.pool_top_p}",
+                 f"min_correct={cfg.min_correct}", f"dedupe={cfg.pool_dedupe}",
+                 f"rollout.engine={rollout.engine}",
+                 f"rollout.max_response_length={rollout.max_response_length}",
+                 f"rollout.batch_size={rollout.batch_size}", f"verifier={train.verifier.mode}",
+                 f"seed={cfg.seed}", f"shard_size={POOL_SHARD}", f"out={out / 'pool'}",
+                 "progress=false"]
+
+    def eval_argv(run):
+        return [py, str(ROOT / "tools" / "evaluate.py"), f"model.path={out / run / 'hf'}",
+                f"datasets={_listing(data.eval)}", f"levels={_listing(data.levels)}",
+                f"limit={data.eval_size}", *([f"data_dir={data.data_dir}"] if data.data_dir else []),
+                f"samples={cfg.eval_samples}", f"temperature={rollout.temperature}",
+                f"top_p={rollout.top_p}", f"max_tokens={rollout.max_response_length}",
+                f"rollout.engine={rollout.engine}", f"rollout.batch_size={rollout.batch_size}",
+                f"verifier={train.verifier.mode}", f"seed={cfg.seed}", f"chunk_size={EVAL_CHUNK}",
+                f"out={out / ('eval-' + run)}", f"logging.wandb={cfg.wandb}", "progress=false"]
+
+    steps = train.algorithm.total_steps
+    units = math.ceil(data.eval_size / EVAL_CHUNK) * len(data.eval)
+    return [
+        Stage("baseline", f"DAPO baseline, M=0, {steps} steps",
+              [py, "-m", "megatron_rlep.train", *training_overrides(cfg, extra, "baseline", out)],
+              steps, "step", lambda: _steps_logged(out / "baseline")),
+        Stage("pool", f"experience pool, {cfg.pool_samples} samples per training question",
+              pool_argv, math.ceil(data.train_size / POOL_SHARD), "shard",
+              lambda: len(list((out / "pool").glob("shard-*.json")))),
+        Stage("rlep", f"RLEP from the base model, M={cfg.replay_per_prompt}, {steps} steps",
+              [py, "-m", "megatron_rlep.train", *training_overrides(cfg, extra, "rlep", out)],
+              steps, "step", lambda: _steps_logged(out / "rlep")),
+        *(Stage(f"eval-{run}", f"evaluation of the {run} policy, {cfg.eval_samples} samples "
+                f"per held-out question", eval_argv(run), units, "unit",
+                lambda run=run: len(list((out / f"eval-{run}" / "parts").glob("unit-*.jsonl"))))
+          for run in RUNS),
+    ]
+
+
+def _steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    return len({json.loads(line)["step"] for line in path.read_text().splitlines()
+                if line.strip() and '"time/step_s"' in line})
+
+
+class Interrupted(Exception):
+    pass
+
+
+def run_stage(stage: Stage, log: Path, index: int, count: int, started: float,
+              progress: bool) -> float:
+    """Run ``stage`` with its output in ``log`` and a bar over its progress files; returns its
+    seconds. A SIGTERM or SIGINT reaches the child as SIGTERM (the trainer then finishes its step
+    and checkpoints), a second one as SIGKILL."""
+    from tqdm.auto import tqdm
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    live = sys.stderr.isatty()  # in a log file, a line per unit of progress, not per second
+    bar = tqdm(total=stage.total, unit=stage.unit, desc=f"[{index}/{count}] {stage.name}",
+               disable=not progress, dynamic_ncols=True, mininterval=1 if live else 3600,
+               initial=min(stage.count(), stage.total))
+    begin = time.perf_counter()
+    with log.open("a") as sink:
+        sink.write(f"\n$ {' '.join(stage.argv)}\n")
+        sink.flush()
+        # its own session: a terminal's Ctrl-C reaches the stage only through ``forward``
+        child = subprocess.Popen(stage.argv, stdout=sink, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        stopping = []
+
+        def forward(signum, frame):  # first signal: stop at the step end; second: at once
+            stopping.append(signum)
+            child.send_signal(signal.SIGTERM if len(stopping) == 1 else signal.SIGKILL)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while child.poll() is None:
+                time.sleep(1.0)
+                bar.set_postfix_str(f"demo {_clock(time.perf_counter() - started)}", refresh=False)
+                bar.update(min(stage.count(), stage.total) - bar.n)
+                if live:
+                    bar.refresh()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    bar.update(min(stage.count(), stage.total) - bar.n)
+    bar.close()
+    if stopping:
+        raise Interrupted(stage.name)
+    if child.returncode != 0:
+        lines = log.read_text(errors="replace").splitlines()
+        said = [line for line in lines if line.startswith("error: ")]
+        tail = "\n".join(lines[-15:])
+        raise ConfigError(said[-1][7:] if said else
+                          f"stage {stage.name} failed (exit {child.returncode}); the end of its "
+                          f"log {log}:\n{tail}")
+    return time.perf_counter() - begin
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def _tool(argv: list[str], log: Path) -> str:
+    """Run a quick tool; returns its stdout, its stderr goes to ``log``."""
+    with log.open("a") as sink:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=sink, text=True)
+    if done.returncode != 0:
+        raise ConfigError(f"{Path(argv[1]).name} failed (exit {done.returncode}); see {log}")
+    return done.stdout
+
+
+def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
+                seconds: dict) -> dict:
+    """report.json / report.md / curves.png / pool.png from the stages' own files."""
+    py, logs = sys.executable, out / "logs"
+    _tool([py, str(ROOT / "tools" / "plot.py"), *(str(out / r) for r in RUNS), "--names",
+                *RUNS, "--metric", "val/acc", "-o", str(out / "curves.png")], logs / "report.log")
+    curves = json.loads((out / "curves.json").read_text())["runs"]
+    pool = json.loads(_tool([py, str(ROOT / "tools" / "pool.py"), "stats", str(out / "pool"),
+                             "--json", "--plot", str(out / "pool.png")], logs / "report.log"))
+    runs = {}
+    for run in RUNS:
+        c = curves[run]
+        evaluation = json.loads((out / f"eval-{run}" / "metrics.json").read_text())["all"]
+        runs[run] = {"curve": c["curve"], "peak": c["peak"], "peak_step": c["peak_step"],
+                     "final": c["final"], "wall_s": round(seconds[run], 1),
+                     "eval": {"n": evaluation["n"], "mean@n": evaluation["mean@n"],
+                              "pass@n": evaluation["pass@k"][str(evaluation["n"])],
+                              "maj@n": evaluation["maj@k"][str(evaluation["n"])],
+                              "stderr_mean@n": evaluation["stderr"]["mean@n"]}}
+    a = train.algorithm
+    report = {
+        "seed": cfg.seed, "experiment": cfg.experiment, "train_overrides": list(extra),
+        "settings": {"G": a.rollouts_per_prompt, "M": cfg.replay_per_prompt,
+                     "steps": a.total_steps, "prompts_per_step": a.prompts_per_rollout,
+                     "levels": list(train.data.levels), "train_questions": train.data.train_size,
+                     "heldout_questions": train.data.eval_size,
+                     "val_samples": train.data.eval_samples, "eval_samples": cfg.eval_samples,
+                     "max_response_length": train.rollout.max_response_length, "lr": a.lr},
+        "runs": runs,
+        "rlep_steps_to_baseline_peak": curves["rlep"]["reaches_peak_of"]["baseline"],
+        "pool": {k: pool[k] for k in ("questions", "trajectories", "candidates_per_question",
+                                      "mean_pass_rate")},
+        "stage_seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "total_seconds": round(sum(seconds.values()), 1),
+    }
+    write_json_atomic(report, out / "report.json")
+    write_text_atomic(markdown(report), out / "report.md")
+    return report
+
+
+def markdown(report: dict) -> str:
+    s, runs = report["settings"], report["runs"]
+    n = runs["baseline"]["eval"]["n"]
+    lines = [f"# RLEP demo: DAPO baseline against RLEP (seed {report['seed']})", "",
+             f"Preset `{report['experiment']}`" + (f" with {', '.join(report['train_overrides'])}"
+                                                  if report["train_overrides"] else "") +
+             f": arithmetic levels {s['levels']}, {s['train_questions']} training and "
+             f"{s['heldout_questions']} held-out questions, {s['prompts_per_step']} prompts a step, "
+             f"G = {s['G']} fresh rollouts (RLEP adds M = {s['M']} replays), {s['steps']} steps, "
+             f"responses up to {s['max_response_length']} tokens, lr {s['lr']}. Validation: "
+             f"{s['val_samples']} samples per held-out question at temperature 1.", "",
+             f"| run | peak val acc | step of peak | final val acc | eval mean@{n} | "
+             f"eval pass@{n} | eval maj@{n} | training time |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        e = r["eval"]
+        lines.append(f"| {name} | {r['peak']:.3f} | {r['peak_step']} | {r['final']:.3f} | "
+                     f"{e['mean@n']:.3f} ± {e['stderr_mean@n']:.3f} | {e['pass@n']:.3f} | "
+                     f"{e['maj@n']:.3f} | {_clock(r['wall_s'])} |")
+    reached = report["rlep_steps_to_baseline_peak"]
+    base = runs["baseline"]
+    lines += ["", f"The baseline peaks at {base['peak']:.3f} at step {base['peak_step']}; " +
+              (f"RLEP first reaches that at step {reached}." if reached is not None else
+               f"RLEP does not reach it within {s['steps']} steps."), ""]
+    p = report["pool"]
+    rate = f" (their pass rate when sampled: {p['mean_pass_rate']:.3f} on average)" \
+        if p["mean_pass_rate"] is not None else ""
+    lines += [f"Pool: {p['questions']} of {s['train_questions']} training questions kept with "
+              f"{p['trajectories']} verified answers{rate}.", "",
+              "![held-out accuracy](curves.png)", "", "![pool](pool.png)", "",
+              "| stage | time |", "|---|---|"]
+    lines += [f"| {k} | {_clock(v)} |" for k, v in report["stage_seconds"].items()]
+    lines += [f"| total | {_clock(report['total_seconds'])} |", "",
+              "Validation accuracy is `val/acc` of each run's `metrics.jsonl`; evaluation numbers "
+              "are `all` of `eval-<run>/metrics.json`, ± one standard error over questions.", ""]
+    return "\n".join(lines)
+
+
+def run(cfg: DemoConfig, extra: list[str]) -> dict:
+    """The five stages (those not done before), then the report."""
+    out = Path(cfg.out).resolve()
+    train = compose(training_overrides(cfg, extra, "rlep", out))  # checks preset and overrides
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "progress", "wandb")}
+    jobs.pin_settings(out / "demo.json", {**settings, "train_overrides": extra}, rank=0)
+    stages = plan(cfg, extra, train, out)
+    record = out / "stages.json"
+    seconds = json.loads(record.read_text()) if record.is_file() else {}
+    started = time.perf_counter()
+    print(f"RLEP demo into {out}: baseline, pool, RLEP, two evaluations, report; stage logs in "
+          f"{out / 'logs'}", flush=True)
+    for index, stage in enumerate(stages, 1):
+        if stage.name in seconds:
+            print(f"[{index}/{len(stages)}] {stage.name}: done before ({_clock(seconds[stage.name])})",
+                  flush=True)
+            continue
+        if cfg.progress:
+            print(f"[{index}/{len(stages)}] {stage.title}", flush=True)
+        seconds[stage.name] = run_stage(stage, out / "logs" / f"{stage.name}.log", index,
+                                        len(stages), started, cfg.progress)
+        write_json_atomic(seconds, record)
+    report = make_report(cfg, extra, train, out, seconds)
+    print(markdown(report).split("\n![")[0].split("\n\n", 1)[1], flush=True)
+    print(f"wrote {out / 'report.md'}, report.json, curves.png, pool.png", flush=True)
+    return report
+
+
+def main(argv: list[str]) -> int:
+    from megatron_rlep.cli import USER_ERRORS, fail
+
+    mine, extra = split_arguments(argv)
+    try:
+        run(compose(mine, "demo"), extra)
+    except USER_ERRORS as err:
+        fail(err)
+    except Interrupted as stop:
+        print(f"stopped during stage {stop}; the same command resumes from there",
+              file=sys.stderr, flush=True)
+        return 143
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,163 @@
+"""The two-phase demo (python -m megatron_rlep.demo): a shortened run on the built-in model,
+its report checked against the files the stages logged; rerun, resume and refusal."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron_rlep.config import compose
+from megatron_rlep.demo import split_arguments, training_overrides
+
+# Two steps on four training questions, so every question is drawn and the pool is used.
+SHORT = ["algorithm.total_steps=2", "data.levels=[1,2]", "data.train_size=4", "data.eval_size=8",
+         "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
+         "algorithm.rollouts_per_prompt=4", "logging.eval_every=1", "pool_samples=6",
+         "eval_samples=2"]
+
+
+def demo(out: Path, *extra: str, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"out={out}", *SHORT,
+                           *extra], capture_output=True, text=True, timeout=timeout)
+
+
+def test_own_keys_stay_with_the_demo_and_the_rest_train_both_runs(tmp_path):
+    mine, extra = split_arguments(["seed=3", "algorithm.lr=2e-5", "out=x", "data.levels=[1,2]",
+                                   "replay_per_prompt=1"])
+    assert mine == ["seed=3", "out=x", "replay_per_prompt=1"]
+    assert extra == ["algorithm.lr=2e-5", "data.levels=[1,2]"]
+    cfg = compose(mine, "demo")
+    base = compose(training_overrides(cfg, extra, "baseline", tmp_path))
+    rlep = compose(training_overrides(cfg, extra, "rlep", tmp_path))
+    assert (base.algorithm.replay_per_prompt, rlep.algorithm.replay_per_prompt) == (0, 1)
+    assert rlep.algorithm.pool == str(tmp_path / "pool") and base.algorithm.pool is None
+    assert base.seed == rlep.seed == 3 and base.algorithm.lr == rlep.algorithm.lr == 2e-5
+    # apart from M, the pool, the name and the run directory, the two runs are one config
+    for cfg_ in (base, rlep):
+        cfg_.algorithm.replay_per_prompt, cfg_.algorithm.pool, cfg_.algorithm.name = 0, None, "x"
+        cfg_.run_dir = ""
+    assert base == rlep
+
+
+def test_a_wrong_training_key_is_one_sentence(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"out={tmp_path}",
+                           "algorithm.total_stepz=3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "error: config key algorithm.total_stepz is unknown")
+    assert not (tmp_path / "demo.json").exists()
+
+
+def _curve(run_dir: Path) -> list[list]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [[r["step"], r["val/acc"]] for r in rows if r.get("val/acc") is not None]
+
+
+@pytest.mark.e2e
+def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
+    out = tmp_path / "demo"
+    # SIGTERM once the baseline logged a step: the stage stops, the demo says how to go on
+    first = subprocess.Popen([sys.executable, "-m", "megatron_rlep.demo", f"out={out}", *SHORT],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and not (
+            (out / "baseline" / "metrics.jsonl").is_file() and
+            '"time/step_s"' in (out / "baseline" / "metrics.jsonl").read_text()):
+        time.sleep(1)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("stopped during stage baseline; the same command "
+                                            "resumes from there")
+    assert (out / "baseline" / "checkpoints" / "latest").is_file()
+    assert not (out / "stages.json").exists()
+    done = demo(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    for name in ("curves.png", "pool.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = report["runs"]
+    for run in ("baseline", "rlep"):
+        r, curve = runs[run], _curve(out / run)
+        assert r["curve"] == curve and [s for s, _ in curve] == [0, 1, 2]
+        best = max(v for _, v in curve)
+        assert r["peak"] == best and r["peak_step"] == min(s for s, v in curve if v == best)
+        assert r["final"] == curve[-1][1]
+        evaluation = json.loads((out / f"eval-{run}" / "metrics.json").read_text())["all"]
+        assert r["eval"]["mean@n"] == evaluation["mean@n"] and r["eval"]["n"] == 2
+        assert r["eval"]["pass@n"] == evaluation["pass@k"]["2"]
+        samples = (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines()
+        assert len(samples) == 8 * 2
+        assert 0 < r["wall_s"] <= report["total_seconds"]
+    # both runs start from the same base model with the same seed
+    assert runs["baseline"]["curve"][0] == runs["rlep"]["curve"][0]
+    peak = runs["baseline"]["peak"]
+    assert report["rlep_steps_to_baseline_peak"] == next(
+        (s for s, v in runs["rlep"]["curve"] if v >= peak), None)
+    # the pool came from the baseline's final policy and RLEP replayed from it; the baseline not
+    manifest = json.loads((out / "pool" / "manifest.json").read_text())
+    assert manifest["model"] == str(out / "baseline" / "hf")
+    assert report["pool"]["questions"] == manifest["counts"]["questions_kept"] >= 1
+    assert report["pool"]["trajectories"] == manifest["counts"]["trajectories"]
+
+    def logged(run, key):
+        return [json.loads(line).get(key) for line in
+                (out / run / "metrics.jsonl").read_text().splitlines()[1:]]
+
+    assert set(logged("baseline", "train/replay_fraction")) == {0.0}
+    assert max(logged("rlep", "train/replay_fraction")) > 0
+    assert max(v for v in logged("rlep", "train/acc_replay") if v is not None) == 1.0
+    md = (out / "report.md").read_text()
+    for run in ("baseline", "rlep"):
+        assert f"| {run} | {runs[run]['peak']:.3f} | {runs[run]['peak_step']} |" in md
+    assert "[5/5] eval-rlep" in done.stderr  # the live display named every stage
+
+    # the same command again: every stage is done, the report is rebuilt from the same files
+    again = demo(out, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("done before") == 5
+    assert json.loads((out / "report.json").read_text()) == report
+    # a stage not recorded as done is run again; the others are not
+    stages = json.loads((out / "stages.json").read_text())
+    del stages["eval-rlep"]
+    (out / "stages.json").write_text(json.dumps(stages))
+    resumed = demo(out, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("done before") == 4
+    assert (out / "logs" / "eval-rlep.log").read_text().count("$ ") == 2
+    assert (out / "logs" / "baseline.log").read_text().count("$ ") == 2  # stopped, resumed
+    # other settings into the same directory are refused in one sentence, nothing is lost
+    refused = demo(out, "replay_per_prompt=1", timeout=120)
+    assert refused.returncode == 2
+    assert "was started with other settings (replay_per_prompt: 2 there, 1 now)" in refused.stderr
+    assert json.loads((out / "report.json").read_text())["runs"] == runs
+
+
+def test_table_of_several_reports_with_means(tmp_path):
+    def report(seed, base_peak, rlep_peak, reached):
+        run = {"peak": 0.0, "peak_step": 4, "final": 0.5, "eval": {"mean@n": 0.25}}
+        return {"seed": seed, "rlep_steps_to_baseline_peak": reached, "total_seconds": 600.0,
+                "pool": {"questions": 10, "trajectories": 30},
+                "runs": {"baseline": {**run, "peak": base_peak},
+                         "rlep": {**run, "peak": rlep_peak, "final": 0.75}}}
+
+    for seed, values in ((1, (0.5, 0.75, 2)), (2, (0.625, 0.5, None))):
+        (tmp_path / str(seed)).mkdir()
+        (tmp_path / str(seed) / "report.json").write_text(json.dumps(report(seed, *values)))
+    tool = Path(__file__).resolve().parent.parent / "tools" / "demo_table.py"
+    done = subprocess.run([sys.executable, str(tool), str(tmp_path / "1"), str(tmp_path / "2")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2] == ("| 1 | 0.500 | 4 | 0.750 | 4 | 2 | 0.500 | 0.750 | 0.250 | 0.250 | 10 | "
+                        "30 | 10.000 |")
+    assert "| 0.625 | 4 | 0.500 | 4 | never |" in lines[3]
+    assert lines[4] == ("| mean | 0.562 | 4.000 | 0.625 | 4.000 | 1 of 2 reach it | 0.500 | 0.750 "
+                        "| 0.250 | 0.250 | 10.000 | 30.000 | 10.000 |")
+    missing = subprocess.run([sys.executable, str(tool), str(tmp_path)], capture_output=True,
+                             text=True)
+    assert missing.returncode == 2 and "hold no report.json" in missing.stderr
