@@ -34,8 +34,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 from megatron_rlep import jobs
 from megatron_rlep.config import Config, ConfigError, DemoConfig, compose
@@ -69,12 +70,26 @@ def _listing(values) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
 
+@dataclass
 class Stage:
-    """One child command, the files that show its progress, and what it counts in."""
+    """One child command, and how far it got: ``count()`` of ``total`` units, read off its files."""
+    name: str
+    title: str
+    argv: list[str]
+    total: int
+    unit: str
+    count: Callable[[], int]
 
-    def __init__(self, name: str, title: str, argv: list[str], total: int, unit: str, count):
-        self.name, self.title, self.argv = name, title, argv
-        self.total, self.unit, self.count = total, unit, count
+
+def _sizes(train: Config) -> tuple[int, list[int]]:
+    """(training questions, questions of each held-out set) as the trainer will load them."""
+    from megatron_rlep.data import load_examples
+
+    data = train.data
+    if data.train == "arithmetic":
+        return data.train_size, [data.eval_size] * len(data.eval)
+    return (len(load_examples(data.train, "train", data.data_dir)),
+            [len(load_examples(name, "test", data.data_dir)) for name in data.eval])
 
 
 def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[Stage]:
@@ -82,6 +97,7 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
     sample the same questions at the same response limit."""
     py = sys.executable
     data, rollout = train.data, train.rollout
+    n_train, n_eval = _sizes(train)
     task = [f"data.data_dir={data.data_dir}"] if data.data_dir else []
     pool_argv = [py, str(ROOT / "tools" / "build_pool.py"), f"model.path={out / 'baseline' / 'hf'}",
                  f"data.train={data.train}", f"data.levels={_listing(data.levels)}",
@@ -97,7 +113,7 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
     def eval_argv(run):
         return [py, str(ROOT / "tools" / "evaluate.py"), f"model.path={out / run / 'hf'}",
                 f"datasets={_listing(data.eval)}", f"levels={_listing(data.levels)}",
-                f"limit={data.eval_size}", *([f"data_dir={data.data_dir}"] if data.data_dir else []),
+                f"limit={max(n_eval)}", *([f"data_dir={data.data_dir}"] if data.data_dir else []),
                 f"samples={cfg.eval_samples}", f"temperature={rollout.temperature}",
                 f"top_p={rollout.top_p}", f"max_tokens={rollout.max_response_length}",
                 f"rollout.engine={rollout.engine}", f"rollout.batch_size={rollout.batch_size}",
@@ -105,13 +121,13 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
                 f"out={out / ('eval-' + run)}", f"logging.wandb={cfg.wandb}", "progress=false"]
 
     steps = train.algorithm.total_steps
-    units = math.ceil(data.eval_size / EVAL_CHUNK) * len(data.eval)
+    units = sum(math.ceil(n / EVAL_CHUNK) for n in n_eval)
     return [
         Stage("baseline", f"DAPO baseline, M=0, {steps} steps",
               [py, "-m", "megatron_rlep.train", *training_overrides(cfg, extra, "baseline", out)],
               steps, "step", lambda: _steps_logged(out / "baseline")),
         Stage("pool", f"experience pool, {cfg.pool_samples} samples per training question",
-              pool_argv, math.ceil(data.train_size / POOL_SHARD), "shard",
+              pool_argv, math.ceil(n_train / POOL_SHARD), "shard",
               lambda: len(list((out / "pool").glob("shard-*.json")))),
         Stage("rlep", f"RLEP from the base model, M={cfg.replay_per_prompt}, {steps} steps",
               [py, "-m", "megatron_rlep.train", *training_overrides(cfg, extra, "rlep", out)],
@@ -123,12 +139,16 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
     ]
 
 
-def _steps_logged(run_dir: Path) -> int:
+def _logged(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl (none before it exists)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        return 0
-    return len({json.loads(line)["step"] for line in path.read_text().splitlines()
-                if line.strip() and '"time/step_s"' in line})
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _steps_logged(run_dir: Path) -> int:
+    return len({r["step"] for r in _logged(run_dir) if "time/step_s" in r})
 
 
 class Interrupted(Exception):
@@ -211,8 +231,10 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
     for run in RUNS:
         c = curves[run]
         evaluation = json.loads((out / f"eval-{run}" / "metrics.json").read_text())["all"]
+        steps = [r for r in _logged(out / run) if "train/replay_fraction" in r]
         runs[run] = {"curve": c["curve"], "peak": c["peak"], "peak_step": c["peak_step"],
                      "final": c["final"], "wall_s": round(seconds[run], 1),
+                     "replay_fraction": sum(r["train/replay_fraction"] for r in steps) / len(steps),
                      "eval": {"n": evaluation["n"], "mean@n": evaluation["mean@n"],
                               "pass@n": evaluation["pass@k"][str(evaluation["n"])],
                               "maj@n": evaluation["maj@k"][str(evaluation["n"])],
@@ -248,7 +270,7 @@ def markdown(report: dict) -> str:
              f"{s['heldout_questions']} held-out questions, {s['prompts_per_step']} prompts a step, "
              f"G = {s['G']} fresh rollouts (RLEP adds M = {s['M']} replays), {s['steps']} steps, "
              f"responses up to {s['max_response_length']} tokens, lr {s['lr']}. Validation: "
-             f"{s['val_samples']} samples per held-out question at temperature 1.", "",
+             f"{s['val_samples']} answer(s) per held-out question at temperature 1.", "",
              f"| run | peak val acc | step of peak | final val acc | eval mean@{n} | "
              f"eval pass@{n} | eval maj@{n} | training time |", "|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
@@ -261,6 +283,10 @@ def markdown(report: dict) -> str:
     lines += ["", f"The baseline peaks at {base['peak']:.3f} at step {base['peak_step']}; " +
               (f"RLEP first reaches that at step {reached}." if reached is not None else
                f"RLEP does not reach it within {s['steps']} steps."), ""]
+    g_prime = s["G"] + s["M"]
+    lines += [f"Replayed answers were {runs['rlep']['replay_fraction']:.1%} of RLEP's sequences "
+              f"(M/G' = {s['M'] / g_prime:.1%} when every question has M distinct pool answers; "
+              "a question with fewer gets fresh rollouts in the free slots).", ""]
     p = report["pool"]
     rate = f" (their pass rate when sampled: {p['mean_pass_rate']:.3f} on average)" \
         if p["mean_pass_rate"] is not None else ""

@@ -2,6 +2,7 @@
 its report checked against the files the stages logged; rerun, resume and refusal."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rlep.config import compose
-from megatron_rlep.demo import split_arguments, training_overrides
+from megatron_rlep.demo import plan, split_arguments, training_overrides
 
 # Two steps on four training questions, so every question is drawn and the pool is used.
 SHORT = ["algorithm.total_steps=2", "data.levels=[1,2]", "data.train_size=4", "data.eval_size=8",
@@ -41,6 +42,21 @@ def test_own_keys_stay_with_the_demo_and_the_rest_train_both_runs(tmp_path):
         cfg_.algorithm.replay_per_prompt, cfg_.algorithm.pool, cfg_.algorithm.name = 0, None, "x"
         cfg_.run_dir = ""
     assert base == rlep
+
+
+def test_stage_sizes_follow_the_training_and_heldout_files(tmp_path):
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not shared.is_dir():
+        pytest.skip("../shared/data is not beside the repo")
+    cfg = compose([], "demo")
+    extra = [f"data.train={shared / 'train' / 'gsm8k_train.jsonl'}",
+             f"data.eval=[{shared / 'eval' / 'amc23.jsonl'},{shared / 'eval' / 'aime24.jsonl'}]"]
+    stages = {s.name: s for s in plan(cfg, extra, compose(training_overrides(
+        cfg, extra, "rlep", tmp_path)), tmp_path)}
+    assert stages["pool"].total == math.ceil(7473 / 8)  # every GSM8K training question
+    assert stages["eval-rlep"].total == math.ceil(40 / 8) + math.ceil(30 / 8)
+    assert "limit=40" in stages["eval-rlep"].argv  # whole sets, not the built-in eval_size
+    assert stages["baseline"].count() == stages["pool"].count() == 0
 
 
 def test_a_wrong_training_key_is_one_sentence(tmp_path):
@@ -110,6 +126,8 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
 
     assert set(logged("baseline", "train/replay_fraction")) == {0.0}
     assert max(logged("rlep", "train/replay_fraction")) > 0
+    fractions = logged("rlep", "train/replay_fraction")
+    assert runs["rlep"]["replay_fraction"] == sum(fractions) / len(fractions)
     assert max(v for v in logged("rlep", "train/acc_replay") if v is not None) == 1.0
     md = (out / "report.md").read_text()
     for run in ("baseline", "rlep"):
