@@ -78,7 +78,7 @@ def plot(curves: dict, summary: dict, metric: str, output: Path) -> None:
                 ax.annotate(f"{name} reaches {other}'s peak @ {step}", (step, ax.get_ylim()[0]),
                             rotation=90, fontsize=7, va="bottom", ha="right",
                             color=line.get_color())
-    ax.margins(x=0.12)  # room for the peak labels at the ends
+    ax.margins(x=0.12, y=0.12)  # room for the peak labels at the edges
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
