@@ -353,7 +353,6 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """The jobs of a Hydra command line: sweeps (``key=a,b``) expanded as ``-m`` would, in
     Hydra's order (the last key varies fastest)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from hydra.errors import OverrideParseException
 
     plain = [o for o in overrides if not o.startswith("hydra") and not o.startswith("-")]

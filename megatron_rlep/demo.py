@@ -222,8 +222,8 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
                 seconds: dict) -> dict:
     """report.json / report.md / curves.png / pool.png from the stages' own files."""
     py, logs = sys.executable, out / "logs"
-    _tool([py, str(ROOT / "tools" / "plot.py"), *(str(out / r) for r in RUNS), "--names",
-                *RUNS, "--metric", "val/acc", "-o", str(out / "curves.png")], logs / "report.log")
+    _tool([py, str(ROOT / "tools" / "plot.py"), *(str(out / r) for r in RUNS), "--names", *RUNS,
+           "--metric", "val/acc", "-o", str(out / "curves.png")], logs / "report.log")
     curves = json.loads((out / "curves.json").read_text())["runs"]
     pool = json.loads(_tool([py, str(ROOT / "tools" / "pool.py"), "stats", str(out / "pool"),
                              "--json", "--plot", str(out / "pool.png")], logs / "report.log"))
@@ -234,19 +234,22 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
         steps = [r for r in _logged(out / run) if "train/replay_fraction" in r]
         runs[run] = {"curve": c["curve"], "peak": c["peak"], "peak_step": c["peak_step"],
                      "final": c["final"], "wall_s": round(seconds[run], 1),
-                     "replay_fraction": sum(r["train/replay_fraction"] for r in steps) / len(steps),
+                     "replay_fraction": sum(r["train/replay_fraction"] for r in steps) /
+                     max(len(steps), 1),
                      "eval": {"n": evaluation["n"], "mean@n": evaluation["mean@n"],
                               "pass@n": evaluation["pass@k"][str(evaluation["n"])],
                               "maj@n": evaluation["maj@k"][str(evaluation["n"])],
                               "stderr_mean@n": evaluation["stderr"]["mean@n"]}}
-    a = train.algorithm
+    a, data = train.algorithm, train.data
+    n_train, n_eval = _sizes(train)
     report = {
         "seed": cfg.seed, "experiment": cfg.experiment, "train_overrides": list(extra),
         "settings": {"G": a.rollouts_per_prompt, "M": cfg.replay_per_prompt,
                      "steps": a.total_steps, "prompts_per_step": a.prompts_per_rollout,
-                     "levels": list(train.data.levels), "train_questions": train.data.train_size,
-                     "heldout_questions": train.data.eval_size,
-                     "val_samples": train.data.eval_samples, "eval_samples": cfg.eval_samples,
+                     "data": data.train, "heldout": list(data.eval),
+                     "levels": list(data.levels) if data.train == "arithmetic" else None,
+                     "train_questions": n_train, "heldout_questions": sum(n_eval),
+                     "val_samples": data.eval_samples, "eval_samples": cfg.eval_samples,
                      "max_response_length": train.rollout.max_response_length, "lr": a.lr},
         "runs": runs,
         "rlep_steps_to_baseline_peak": curves["rlep"]["reaches_peak_of"]["baseline"],
@@ -266,7 +269,8 @@ def markdown(report: dict) -> str:
     lines = [f"# RLEP demo: DAPO baseline against RLEP (seed {report['seed']})", "",
              f"Preset `{report['experiment']}`" + (f" with {', '.join(report['train_overrides'])}"
                                                   if report["train_overrides"] else "") +
-             f": arithmetic levels {s['levels']}, {s['train_questions']} training and "
+             f": {'arithmetic levels ' + str(s['levels']) if s['levels'] else s['data']}, "
+             f"{s['train_questions']} training and "
              f"{s['heldout_questions']} held-out questions, {s['prompts_per_step']} prompts a step, "
              f"G = {s['G']} fresh rollouts (RLEP adds M = {s['M']} replays), {s['steps']} steps, "
              f"responses up to {s['max_response_length']} tokens, lr {s['lr']}. Validation: "
