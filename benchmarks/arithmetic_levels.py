@@ -12,7 +12,7 @@ import math
 import time
 
 from megatron_rlep import arithmetic
-from megatron_rlep.rollout import TransformersEngine
+from megatron_rlep.rollout import TransformersEngine, encode_prompt
 from megatron_rlep.verifier import Verifier
 
 
@@ -32,7 +32,8 @@ def main():
     for level in args.levels:
         examples = arithmetic.examples("test", levels=[level], n=args.questions, seed=0)
         start = time.time()
-        groups = engine.generate([e.prompt for e in examples], n=args.samples, temperature=1.0,
+        prompts = [encode_prompt(engine.tokenizer, e.prompt) for e in examples]
+        groups = engine.generate(prompts, n=args.samples, temperature=1.0,
                                  top_p=1.0, max_tokens=args.max_tokens, seed=level)
         verdicts = [verifier.score(c.text, e.ground_truth).correct
                     for e, group in zip(examples, groups) for c in group]

@@ -81,9 +81,10 @@ class RolloutConfig:
     top_p: float = 1.0
     max_response_length: int = 3072
     tensor_parallel: int = 1
-    gpu_memory_utilization: float = 0.6
+    gpu_memory_utilization: float = 0.6  # vLLM on GPU
+    cpu_kv_cache_gib: float = 1.0  # vLLM on CPU: KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     batch_size: int = 64  # sequences per generate call (transformers engine)
-    check_sync: bool = False  # after each weight sync, compare engine and actor logits (slow)
+    check_sync: bool = False  # after each weight sync, compare engine and actor log-probs
 
 
 @dataclass

@@ -33,6 +33,7 @@ class Sample:
     correct: bool = False
     pred: Optional[str] = None
     advantage: float = 0.0
+    logprobs: tuple[float, ...] = ()  # the engine's behaviour log-probs (fresh samples only)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import time
 from megatron_rlep.cli import hydra_entry
 from megatron_rlep.config import Config
 from megatron_rlep.data import load_examples
-from megatron_rlep.rollout import TransformersEngine
+from megatron_rlep.rollout import TransformersEngine, encode_prompt
 from megatron_rlep.verifier import Verifier
 
 
@@ -21,7 +21,8 @@ def run(cfg: Config) -> float:
     engine = TransformersEngine(cfg.model.path, batch_size=cfg.rollout.batch_size)
     verifier = Verifier(cfg.verifier.mode)
     start = time.time()
-    groups = engine.generate([e.prompt for e in examples], n=cfg.samples,
+    groups = engine.generate([encode_prompt(engine.tokenizer, e.prompt) for e in examples],
+                             n=cfg.samples,
                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                              max_tokens=cfg.rollout.max_response_length, seed=cfg.seed,
                              progress=True)

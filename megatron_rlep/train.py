@@ -37,7 +37,7 @@ from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, 
                                   score_groups)
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.pool import ExperiencePool
-from megatron_rlep.rollout import generate_sharded, make_engine
+from megatron_rlep.rollout import encode_prompt, generate_sharded, make_engine
 from megatron_rlep.verifier import Verifier
 
 
@@ -130,8 +130,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def collect(self, examples: list[Example], step: int) -> list[Group]:
-        """G' groups for ``examples``: fresh rollouts and replays, scored."""
+    def collect(self, examples: list[Example], step: int, batch: int = 0) -> list[Group]:
+        """G' groups for ``examples``: fresh rollouts and replays, scored. ``batch`` counts the
+        step's generation batches (dynamic sampling draws more), so each has its own seeds."""
         a, r = self.cfg.algorithm, self.cfg.rollout
         groups = []
         for ex in examples:
@@ -140,21 +141,19 @@ class Trainer:
             prompt_ids = self._prompt_ids(ex)
             groups.append(Group(ex, prompt_ids, replays, fresh))
         completions = generate_sharded(
-            self.engine, [g.example.prompt for g in groups], [g.fresh_requested for g in groups],
-            r.tensor_parallel, temperature=r.temperature, top_p=r.top_p,
-            max_tokens=r.max_response_length, seed=self.cfg.seed * 100003 + step)
+            self.engine, [g.prompt_ids for g in groups], [g.fresh_requested for g in groups],
+            r.tensor_parallel, seed=(self.cfg.seed * 100003 + step) * 1009 + batch,
+            temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_length)
         for group, fresh in zip(groups, completions):
-            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished)
-                             for c in fresh]
+            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
+                                    logprobs=c.logprobs) for c in fresh]
             group.samples += [replay_sample(t, self.tokenizer, r.max_response_length)
                               for t in group.replays]
         score_groups(groups, self.verifier)
         return groups
 
     def _prompt_ids(self, example: Example) -> tuple[int, ...]:
-        ids = self.tokenizer.apply_chat_template(list(example.prompt), add_generation_prompt=True,
-                                                 tokenize=True, return_dict=False)
-        return tuple(ids[-self.cfg.data.max_prompt_length:])  # left-truncated
+        return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)
 
     def gather_groups(self, step: int) -> tuple[list[Group], dict]:
         """prompts_per_rollout groups; with dynamic sampling, groups whose G' rewards are all
@@ -165,23 +164,27 @@ class Trainer:
         if a.dynamic_sampling:
             kept = [g for g in groups if not g.all_equal()]
             dropped = len(groups) - len(kept)
-            for _ in range(a.max_resample_batches):
+            for batch in range(1, a.max_resample_batches + 1):
                 if len(kept) >= a.prompts_per_rollout:
                     break
-                more = self.collect(self.prompts.take(a.prompts_per_rollout), step)
+                more = self.collect(self.prompts.take(a.prompts_per_rollout), step, batch)
                 drawn += len(more)
                 kept += [g for g in more if not g.all_equal()]
                 dropped += sum(g.all_equal() for g in more)
             groups = kept[:a.prompts_per_rollout]
         return groups, {"prompts_drawn": drawn, "groups_dropped": dropped}
 
-    def update(self, groups: list[Group]) -> list[dict]:
+    def update(self, groups: list[Group]) -> tuple[list[dict], dict]:
         """Old log-probs from the current policy, then one optimiser update per mini-batch of
-        ``prompts_per_update`` prompts (x epochs)."""
+        ``prompts_per_update`` prompts (x epochs). Also returns how far the engine's behaviour
+        log-probs are from the actor's."""
         a = self.cfg.algorithm
+        if self.engine is not None and hasattr(self.engine, "sleep"):
+            self.engine.sleep()  # a colocated engine frees its memory for the update
         assign_advantages(groups, a.normalize_std)
         batch = _sequences(groups)
         batch.old_logp, _ = self.actor.logprobs(batch)
+        mismatch = rollout_mismatch([s.logprobs for g in groups for s in g.samples], batch.old_logp)
         offsets = [0]
         for g in groups:
             offsets.append(offsets[-1] + len(g.samples))
@@ -191,7 +194,7 @@ class Trainer:
                 stop = min(start + a.prompts_per_update, len(groups))
                 index = list(range(offsets[start], offsets[stop]))
                 results.append(self.actor.train_step(_subset(batch, index)))
-        return results
+        return results, mismatch
 
     def sync_weights(self) -> dict:
         """Stream the actor's weights into the engine (every rank takes part in the export)."""
@@ -204,15 +207,20 @@ class Trainer:
                 pass
         out = {"time/sync_s": time.perf_counter() - start}
         if self.cfg.rollout.check_sync:
-            out["sync/max_logit_diff"] = self._sync_difference()
+            out["sync/max_logprob_diff"] = self._sync_difference()
         return out
 
     def _sync_difference(self) -> float:
-        probe = torch.tensor([self._prompt_ids(self.train_set[0])])
-        actor = self.actor.logits(probe)
-        diff = torch.zeros(())
-        if self.engine is not None and hasattr(self.engine, "logits"):
-            diff = (self.engine.logits(probe) - actor).abs().max()
+        """Largest |log p_engine - log p_actor| over a fixed sequence (temperature 1)."""
+        from megatron_rlep import platform
+
+        probe = self._prompt_ids(self.train_set[0])
+        ids = torch.tensor([probe])
+        actor = torch.log_softmax(self.actor.logits(ids)[0, :-1].float(), -1)
+        actor = actor.gather(-1, ids[0, 1:, None])[:, 0]
+        diff = torch.zeros((), device=platform.device())
+        if self.engine is not None:
+            diff += (self.engine.sequence_logprobs(probe) - actor.cpu()).abs().max().item()
         if dist.is_initialized():
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         return float(diff)
@@ -223,9 +231,9 @@ class Trainer:
         r, n, out, accs = self.cfg.rollout, self.cfg.data.eval_samples, {}, []
         for name, examples in self.eval_sets.items():
             completions = generate_sharded(
-                self.engine, [e.prompt for e in examples], [n] * len(examples),
-                r.tensor_parallel, temperature=r.temperature, top_p=r.top_p,
-                max_tokens=r.max_response_length, seed=self.cfg.seed)
+                self.engine, [self._prompt_ids(e) for e in examples], [n] * len(examples),
+                r.tensor_parallel, seed=self.cfg.seed, temperature=r.temperature, top_p=r.top_p,
+                max_tokens=r.max_response_length)
             rows = [{"data_source": e.data_source, "id": f"{i}", "sample_index": j,
                      "pred": pred, "correct": ok}
                     for i, (e, group) in enumerate(zip(examples, completions))
@@ -273,8 +281,9 @@ class Trainer:
                 t0 = time.perf_counter()
                 groups, info = self.gather_groups(step)
                 t1 = time.perf_counter()
-                updates = self.update(groups) if groups else []
+                updates, mismatch = self.update(groups) if groups else ([], {})
                 t2 = time.perf_counter()
+                metrics.update(mismatch)
                 metrics.update(self.sync_weights() if updates else {})
                 self.step += 1
                 if every and (self.step % every == 0 or self.step == a.total_steps):
@@ -323,6 +332,24 @@ def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
                          old_logp=[batch.old_logp[i] for i in index])
 
 
+def rollout_mismatch(behaviour: list, actor: list) -> dict:
+    """How far the engine's behaviour log-probs are from the actor's old log-probs, over the
+    tokens of the samples that have them (fresh ones): mean and max of |diff|, and the k3
+    estimate of KL(behaviour || actor) per token, E[exp(d) - 1 - d] with d = log p_actor -
+    log p_behaviour (Schulman's estimator). The input of off-policy correction."""
+    pairs = [(torch.tensor(b, dtype=torch.float32), a.detach().float().cpu())
+             for b, a in zip(behaviour, actor) if len(b)]
+    if not pairs:
+        return {}
+    for b, a in pairs:
+        if len(b) != len(a):
+            raise ValueError(f"{len(b)} behaviour log-probs for a response of {len(a)} tokens")
+    d = torch.cat([a - b for b, a in pairs])
+    return {"rollout/logp_diff_mean": d.abs().mean().item(),
+            "rollout/logp_diff_max": d.abs().max().item(),
+            "rollout/kl_k3": (d.exp() - 1 - d).mean().item()}
+
+
 def _mean(values) -> float | None:
     values = list(values)
     return sum(values) / len(values) if values else None
@@ -360,7 +387,8 @@ def _dump(path: Path, groups: list[Group]) -> None:
              "fresh_requested": g.fresh_requested,
              "samples": [{"replay": s.replay, "response_ids": list(s.response_ids), "text": s.text,
                           "finished": s.finished, "reward": s.reward, "correct": s.correct,
-                          "advantage": s.advantage} for s in g.samples]} for g in groups]
+                          "advantage": s.advantage, "logprobs": list(s.logprobs)}
+                         for s in g.samples]} for g in groups]
     path.write_text(json.dumps(data))
 
 

@@ -3,6 +3,7 @@ and two ranks under torchrun against one."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +19,11 @@ from megatron_rlep.data import Example  # noqa: E402
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "build_pool.py"
 
 
-def command(out, *extra, model="smollm2-135m", nproc=1):
+def command(out, *extra, model="smollm2-135m", nproc=1, engine="transformers"):
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    return [*launcher, str(TOOL), f"model.path={model}", "rollout.engine=transformers",
+    return [*launcher, str(TOOL), f"model.path={model}", f"rollout.engine={engine}",
             "progress=false", f"out={out}", *extra]
 
 
@@ -102,6 +103,21 @@ def test_two_ranks_build_the_same_pool_as_one(tiny_model, tmp_path):
     one, two = shards(tmp_path / "one"), shards(tmp_path / "two")
     assert one.keys() == two.keys() and len(one) == 5
     assert [s["sha256"] for s in one.values()] == [s["sha256"] for s in two.values()]
+
+
+@pytest.mark.e2e
+def test_vllm_pool_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tiny_model, tmp_path):
+    # two ranks: shards 0, 2, 4 belong to rank 0 and are done, so rank 0 has no work but must
+    # still start its engine (a collective under torchrun) and wait for rank 1's shard 1
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(command(one, *TINY, model=tiny_model, engine="vllm"))
+    shutil.copytree(one, two)
+    for name in ("shard-00001.json", "shard-00001.parquet", "manifest.json"):
+        (two / name).unlink()
+    run(command(two, *TINY, model=tiny_model, engine="vllm", nproc=2))
+    assert [s["sha256"] for s in shards(one).values()] == [s["sha256"] for s in shards(two).values()]
+    assert json.loads((one / "manifest.json").read_text()) == json.loads((two / "manifest.json").read_text())
+    assert shards(one)["shard-00001.json"]["samples"] == 4 * 3
 
 
 def test_other_settings_into_the_same_directory_are_refused(tiny_model, tmp_path):

@@ -3,6 +3,7 @@ one rank and on two, resuming after a lost unit, and its one-line errors."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,11 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "evaluate.py"
 EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
 
 
-def command(out, *extra, nproc=1):
+def command(out, *extra, nproc=1, engine="transformers"):
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    return [*launcher, str(TOOL), "rollout.engine=transformers", "progress=false", f"out={out}",
+    return [*launcher, str(TOOL), f"rollout.engine={engine}", "progress=false", f"out={out}",
             *extra]
 
 
@@ -89,6 +90,21 @@ def test_two_ranks_equal_one_and_a_lost_unit_is_redone(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in parts[1:]} == kept  # finished units not redone
     result = run(command(one, *args[:-1], "chunk_size=3"), expect=2)
     assert "other settings (chunk_size: 2 there, 3 now)" in result.stderr
+
+
+@pytest.mark.e2e
+def test_vllm_evaluation_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tmp_path):
+    args = ["datasets=[arithmetic]", "levels=[1,2]", "limit=4", "samples=3", "max_tokens=16",
+            "temperature=1.0", "chunk_size=2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(command(one, *args, engine="vllm"))
+    shutil.copytree(one, two)
+    for path in (two / "parts" / "unit-00001.jsonl", two / "samples.jsonl"):
+        path.unlink()  # unit 1 is rank 1's; rank 0 has nothing left but starts its engine
+    run(command(two, *args, engine="vllm", nproc=2))
+    assert (one / "samples.jsonl").read_bytes() == (two / "samples.jsonl").read_bytes()
+    rows = read(one / "samples.jsonl")
+    assert len(rows) == 4 * 3 and len({r["response"] for r in rows}) > 1
 
 
 def test_errors_are_one_sentence(tmp_path):

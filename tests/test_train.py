@@ -25,13 +25,14 @@ def assets(tmp_path_factory):
     return model, pool
 
 
-def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None):
+def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None,
+          engine="transformers"):
     model, pool = assets[0], pool or assets[1]
     args = [f"model.path={model}", "data.train_size=8", "data.levels=[1,2]", "data.eval_size=4",
             f"algorithm.prompts_per_rollout={PROMPTS}", "algorithm.prompts_per_update=2",
             f"algorithm.rollouts_per_prompt={G}", f"algorithm.replay_per_prompt={M}",
             f"algorithm.pool={pool}", f"algorithm.total_steps={steps}", "algorithm.lr=1e-3",
-            "algorithm.warmup_steps=0", "algorithm.overlong_buffer=4", "rollout.engine=transformers",
+            "algorithm.warmup_steps=0", "algorithm.overlong_buffer=4", f"rollout.engine={engine}",
             "rollout.max_response_length=12", "logging.wandb=offline", "logging.dump_batches=true",
             "logging.eval_every=2", "logging.save_every=1", "logging.progress=false",
             "rollout.check_sync=true", f"run_dir={run_dir}", *extra]
@@ -47,7 +48,7 @@ def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None)
     return result
 
 
-def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS):
+def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS, prompt_length=None):
     from transformers import AutoTokenizer
 
     from megatron_rlep.data import load_parquet
@@ -58,6 +59,8 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS):
         groups = json.loads((run_dir / "batches" / f"step-{step:06d}.json").read_text())
         assert len(groups) == PROMPTS
         for g in groups:
+            if prompt_length:  # left-truncated, and the engine sampled after exactly these ids
+                assert len(g["prompt_ids"]) == prompt_length
             fresh = [s for s in g["samples"] if not s["replay"]]
             replay = [s for s in g["samples"] if s["replay"]]
             question = tokenizer.decode(g["prompt_ids"])
@@ -67,6 +70,8 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS):
             assert len(set(g["replays"])) == len(g["replays"]) and set(g["replays"]) <= set(answers)
             # the engine was asked for the fresh slots only: G, or more where the pool ran short
             assert g["fresh_requested"] == G + M - expected_replays == len(fresh)
+            assert all(len(s["logprobs"]) == len(s["response_ids"]) for s in fresh)
+            assert all(s["logprobs"] == [] for s in replay)
             for s, text in zip(replay, g["replays"]):
                 ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                 assert s["response_ids"] == ids[:12]
@@ -80,15 +85,20 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0] + list(range(1, steps + 1))
     for x in lines[1:]:
-        assert x["sync/max_logit_diff"] < 1e-4, "the engine's logits differ from the actor's"
+        assert x["sync/max_logprob_diff"] < 1e-4, "the engine's log-probs differ from the actor's"
+        # behaviour log-probs of the fresh samples against the actor's before its update
+        assert x["rollout/logp_diff_max"] < 1e-3 and abs(x["rollout/kl_k3"]) < 1e-6
         assert x["train/replay_fraction"] > 0 and x["actor/grad_norm"] > 0
     return lines
 
 
 @pytest.mark.e2e
-def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path):
-    train(assets, tmp_path / "run", "data.eval_samples=2")
-    lines = check_batches(tmp_path / "run", *assets)
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
+    # prompts (about 190 tokens) are cut to 150: engine and actor must see the same ids
+    train(assets, tmp_path / "run", "data.eval_samples=2", "data.max_prompt_length=150",
+          engine=engine)
+    lines = check_batches(tmp_path / "run", *assets, prompt_length=150)
     assert "val/acc" in lines[0] and "val/acc" in lines[-1]
     # held-out sets through megatron_rlep.metrics: per set and, for several sources, per source
     for key in ("val/arithmetic/mean@2", "val/arithmetic/pass@2", "val/arithmetic/maj@2",
@@ -113,11 +123,15 @@ def import_release(release: Path, out: Path) -> Path:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("layout", [["parallel.tensor_parallel=2"], []], ids=["tp2", "dp2"])
-def test_rlep_steps_under_two_processes(assets, tmp_path, layout):
-    # DP = 2 trains from the release imported as a pool directory (tools/pool.py import-release)
+@pytest.mark.parametrize("layout,engine", [
+    (["parallel.tensor_parallel=2"], "transformers"), ([], "transformers"),
+    (["parallel.tensor_parallel=2", "rollout.tensor_parallel=2"], "vllm"), ([], "vllm")],
+    ids=["tp2", "dp2", "tp2-vllm-tp2", "dp2-vllm"])
+def test_rlep_steps_under_two_processes(assets, tmp_path, layout, engine):
+    # DP = 2 trains from the release imported as a pool directory (tools/pool.py import-release);
+    # vLLM: the actor at TP 2 feeds one engine at TP 2, or each DP rank its own engine at TP 1
     pool = import_release(assets[1], tmp_path / "pool") if not layout else None
-    train(assets, tmp_path / "run", *layout, nproc=2, pool=pool)
+    train(assets, tmp_path / "run", *layout, nproc=2, pool=pool, engine=engine)
     check_batches(tmp_path / "run", *assets)
 
 

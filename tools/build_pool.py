@@ -31,7 +31,7 @@ from megatron_rlep.config import BuildPoolConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import file_sha256, write_json_atomic  # noqa: E402
 from megatron_rlep.pool import MANIFEST, SCHEMA_VERSION, pool_row, write_parquet_atomic  # noqa: E402
-from megatron_rlep.rollout import make_engine  # noqa: E402
+from megatron_rlep.rollout import encode_prompt, make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
 
@@ -89,7 +89,9 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
 
 def sample(engine, examples: list[Example], k: int, cfg: BuildPoolConfig):
     """Shard k's completions: ``samples`` per question, seeded by (seed, k)."""
-    return engine.generate([e.prompt for e in examples], n=cfg.samples,
+    prompts = [encode_prompt(engine.tokenizer, e.prompt, cfg.data.max_prompt_length)
+               for e in examples]
+    return engine.generate(prompts, n=cfg.samples,
                            temperature=cfg.temperature, top_p=cfg.top_p,
                            max_tokens=cfg.rollout.max_response_length, seed=cfg.seed * 1000003 + k)
 
@@ -137,11 +139,11 @@ def build(cfg: BuildPoolConfig) -> None:
     todo = jobs.my_units(len(shards), rank, world, lambda k: shard_done(out, k))
 
     verifier = Verifier(cfg.verifier.mode)
-    engine = None
-    if todo:  # one engine per rank (TP 1): each rank samples its own shards
-        engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
-                             cfg.seed, cfg.data.max_prompt_length + cfg.rollout.max_response_length,
-                             tensor_parallel=1)
+    # one engine per rank (TP 1), built on every rank: a vLLM engine's start-up is collective
+    # under torchrun, so a rank without shards to do still takes part
+    engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype), cfg.seed,
+                         cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+                         tensor_parallel=1)
     bar = tqdm(total=sum(len(shards[k]) for k in todo), unit="question", desc=f"pool rank {rank}",
                disable=not cfg.progress, dynamic_ncols=True)
     seen = correct = samples = 0

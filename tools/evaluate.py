@@ -30,7 +30,7 @@ from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
 from megatron_rlep.config import ConfigError, EvaluateConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import write_json_atomic, write_text_atomic  # noqa: E402
-from megatron_rlep.rollout import make_engine  # noqa: E402
+from megatron_rlep.rollout import encode_prompt, make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
 ARITHMETIC_QUESTIONS = 64  # the built-in task's test questions when no limit is given
@@ -134,10 +134,9 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
 
     todo = jobs.my_units(len(units), rank, world, lambda u: part(u).is_file())
     verifier = Verifier(cfg.verifier.mode)
-    engine = None
-    if todo:
-        engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
-                             cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=1)
+    # built on every rank: a vLLM engine's start-up is collective under torchrun
+    engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
+                         cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=1)
     bar = tqdm(total=sum(len(datasets[s][i:i + cfg.chunk_size]) for s, i in (units[u] for u in todo)),
                unit="question", desc=f"eval rank {rank}", disable=not cfg.progress,
                dynamic_ncols=True)
@@ -146,7 +145,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     for u in todo:
         name, first = units[u]
         items = datasets[name][first:first + cfg.chunk_size]
-        completions = engine.generate([e.prompt for _, e in items], n=cfg.samples,
+        prompts = [encode_prompt(engine.tokenizer, e.prompt, PROMPT_TOKENS) for _, e in items]
+        completions = engine.generate(prompts, n=cfg.samples,
                                       temperature=cfg.temperature, top_p=cfg.top_p,
                                       max_tokens=max_tokens, seed=cfg.seed * 1000003 + u)
         rows = sample_rows(items, completions, verifier)

