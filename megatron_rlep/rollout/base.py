@@ -42,9 +42,13 @@ def request_seed(base: int, index: int) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def per_request(value, count: int, name: str) -> list:
-    """``value`` for each of ``count`` requests: a list of that length, or one value for all."""
-    values = [value] * count if not isinstance(value, (list, tuple)) else list(value)
-    if len(values) != count:
-        raise ValueError(f"generate: {len(values)} values of {name} for {count} prompts")
-    return values
+def counts_and_seeds(prompts: int, n, seed) -> tuple[list[int], list[int]]:
+    """One sample count and one seed per request. ``n`` is one count for all or a list; ``seed``
+    is a list (one per prompt) or a base that ``request_seed`` spreads over the prompts."""
+    counts = list(n) if isinstance(n, (list, tuple)) else [n] * prompts
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else \
+        [request_seed(seed, i) for i in range(prompts)]
+    if len(counts) != prompts or len(seeds) != prompts:
+        raise ValueError(f"generate: {len(counts)} counts and {len(seeds)} seeds for {prompts} "
+                         "prompts; give one of each per prompt")
+    return counts, seeds

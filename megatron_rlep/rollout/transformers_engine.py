@@ -7,7 +7,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from megatron_rlep.builtin_model import resolve_model_path
-from megatron_rlep.rollout.base import Completion, per_request, request_seed
+from megatron_rlep.rollout.base import Completion, counts_and_seeds
 
 
 class TransformersEngine:
@@ -39,9 +39,7 @@ class TransformersEngine:
         """``n`` completions for each prompt (token ids from ``encode_prompt``), in prompt order;
         ``n`` may differ per prompt. Sampling is batched with one torch generator, seeded with
         the first request's seed, so per-request seeds only decide the whole call's stream."""
-        counts = per_request(n, len(prompts), "n")
-        seeds = per_request(seed, len(prompts), "seed") if isinstance(seed, (list, tuple)) else \
-            [request_seed(seed, i) for i in range(len(prompts))]
+        counts, seeds = counts_and_seeds(len(prompts), n, seed)
         torch.manual_seed(seeds[0] if seeds else 0)
         eos = self.tokenizer.eos_token_id
         jobs = [i for i, c in enumerate(counts) for _ in range(c)]  # one row per sample

@@ -36,17 +36,25 @@ import os
 import torch
 import torch.distributed as dist
 
-from megatron_rlep.rollout.base import Completion, per_request, request_seed
+from megatron_rlep.rollout.base import Completion, counts_and_seeds
 
 log = logging.getLogger(__name__)
 
 
 def configure_cpu_backend(kv_cache_gib: float) -> None:
-    """Environment vLLM's CPU backend reads at import and start-up; an explicit setting wins."""
+    """Settings vLLM's CPU backend reads at import and start-up; an explicit setting wins.
+
+    The engine runs eagerly on CPU, but a few of vLLM's helpers are ``torch.compile``d anyway
+    (the sampled token's rank among the log-probs): inductor would compile C++ for them in every
+    fresh process, about 8 s each. Dynamo is switched off in this process instead, so they run
+    as plain torch (nothing else here uses torch.compile on CPU).
+    """
+    import torch._dynamo
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    torch._dynamo.config.disable = True
 
 
 class VllmEngine:
@@ -92,9 +100,7 @@ class VllmEngine:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep (level 2: no weights); load_weights "
                                "wakes it")
-        counts = per_request(n, len(prompts), "n")
-        seeds = per_request(seed, len(prompts), "seed") if isinstance(seed, (list, tuple)) else \
-            [request_seed(seed, i) for i in range(len(prompts))]
+        counts, seeds = counts_and_seeds(len(prompts), n, seed)
         params = [SamplingParams(n=c, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                                  seed=s, logprobs=0) for c, s in zip(counts, seeds)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]

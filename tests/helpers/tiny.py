@@ -18,8 +18,9 @@ def make_model(out: str | Path) -> Path:
 
     out = Path(out)
     source = Path(resolve_model_path("smollm2-135m"))
-    config = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    # head size 32: the smallest vLLM's CPU attention takes; 2 heads divide TP 2
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=True,
                          bos_token_id=1, eos_token_id=2, pad_token_id=2, rope_theta=100000.0)
     torch.manual_seed(0)

@@ -1,0 +1,107 @@
+"""Rollout engines compared on this machine: vLLM (its CPU build here) against the transformers
+engine on the built-in model, fp32.
+
+    python benchmarks/rollout_engines.py [--repeats 3] [--json docs/rollout_engines.json]
+
+Each engine runs in its own child process (vLLM changes torch's thread settings), with the
+same prompts, counts, lengths and seeds: engine start-up, a weight sync (the model's own
+Hugging Face-named tensors, lm_head left out as the actor's export does), and generated tokens
+per second on
+- `demo rollout`: one training step of the demo (4 prompts x 6 samples, up to 32 tokens, T = 1);
+- `evaluation`: the demo's evaluation (32 held-out questions x 4 samples, up to 32 tokens);
+- `pool`: 16 training questions x 16 samples, up to 32 tokens, T = 0.7.
+Prompts are the built-in task's (levels 1-3). Tokens/s is the median over ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKLOADS = {  # name: (split, questions, samples, max tokens, temperature)
+    "demo rollout": ("train", 4, 6, 32, 1.0),
+    "evaluation": ("test", 32, 4, 32, 1.0),
+    "pool": ("train", 16, 16, 32, 0.7),
+}
+
+
+def measure(kind: str, repeats: int) -> dict:
+    import torch
+
+    from megatron_rlep import arithmetic
+    from megatron_rlep.builtin_model import resolve_model_path
+    from megatron_rlep.rollout import TransformersEngine, encode_prompt
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    path = resolve_model_path("smollm2-135m")
+    start = time.perf_counter()
+    if kind == "vllm":
+        from megatron_rlep.rollout.vllm_engine import VllmEngine
+
+        engine = VllmEngine(path, max_model_len=1024, dtype="float32")
+    else:
+        engine = TransformersEngine(path)
+    out = {"engine": kind, "start_s": time.perf_counter() - start, "threads": torch.get_num_threads()}
+    from safetensors.torch import load_file
+
+    weights = [(n, t) for n, t in load_file(str(Path(path) / "model.safetensors")).items()
+               if n != "lm_head.weight"]
+    syncs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.load_weights([weights])
+        syncs.append(time.perf_counter() - start)
+    out["sync_s"] = statistics.median(syncs)
+    for name, (split, questions, samples, max_tokens, temperature) in WORKLOADS.items():
+        examples = arithmetic.examples(split, (1, 2, 3), questions, seed=0)
+        prompts = [encode_prompt(engine.tokenizer, e.prompt) for e in examples]
+        rates, tokens = [], 0
+        for r in range(repeats):
+            start = time.perf_counter()
+            groups = engine.generate(prompts, samples, temperature=temperature,
+                                     max_tokens=max_tokens, seed=r)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(c.token_ids) for g in groups for c in g)
+            rates.append(tokens / seconds)
+        out[name] = {"tokens_per_s": statistics.median(rates), "tokens": tokens,
+                     "prompt_tokens": len(prompts[0])}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)  # the child process's own
+    args = parser.parse_args()
+    if args.engine:
+        print(json.dumps(measure(args.engine, args.repeats)))
+        return
+    results = {}
+    for kind in ("transformers", "vllm"):
+        child = subprocess.run([sys.executable, __file__, "--engine", kind, "--repeats",
+                                str(args.repeats)], capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        if child.returncode != 0:
+            sys.exit(f"the {kind} run failed:\n{child.stderr[-3000:]}")
+        results[kind] = json.loads(child.stdout.strip().splitlines()[-1])
+    t, v = results["transformers"], results["vllm"]
+    print("| workload | transformers tokens/s | vLLM tokens/s | vLLM / transformers |")
+    print("| --- | --- | --- | --- |")
+    for name in WORKLOADS:
+        a, b = t[name]["tokens_per_s"], v[name]["tokens_per_s"]
+        print(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    print(f"| engine start-up (s) | {t['start_s']:.1f} | {v['start_s']:.1f} | |")
+    print(f"| weight sync (s) | {t['sync_s']:.2f} | {v['sync_s']:.2f} | |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
