@@ -9,7 +9,7 @@ Hugging Face-named tensors, lm_head left out as the actor's export does), and ge
 per second on
 - `demo rollout`: one training step of the demo (4 prompts x 6 samples, up to 32 tokens, T = 1);
 - `evaluation`: the demo's evaluation (32 held-out questions x 4 samples, up to 32 tokens);
-- `pool`: 16 training questions x 16 samples, up to 32 tokens, T = 0.7.
+- `pool`: 8 training questions x 8 samples, up to 32 tokens, T = 0.7.
 Prompts are the built-in task's (levels 1-3). Tokens/s is the median over ``--repeats`` runs.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 WORKLOADS = {  # name: (split, questions, samples, max tokens, temperature)
     "demo rollout": ("train", 4, 6, 32, 1.0),
     "evaluation": ("test", 32, 4, 32, 1.0),
-    "pool": ("train", 16, 16, 32, 0.7),
+    "pool": ("train", 8, 8, 32, 0.7),
 }
 
 

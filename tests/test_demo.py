@@ -18,11 +18,7 @@ from megatron_rlep.demo import plan, split_arguments, training_overrides
 SHORT = ["algorithm.total_steps=2", "data.levels=[1,2]", "data.train_size=4", "data.eval_size=8",
          "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
          "algorithm.rollouts_per_prompt=4", "logging.eval_every=1", "pool_samples=6",
-         "eval_samples=2",
-         # the demo's orchestration and report, on the engine that starts in a second: the
-         # stages' commands run on vLLM in their own tests, and vLLM's ~15 s start-up per stage
-         # would outweigh two steps' generation
-         "rollout.engine=transformers"]
+         "eval_samples=2"]
 
 
 def demo(out: Path, *extra: str, timeout=900) -> subprocess.CompletedProcess:
