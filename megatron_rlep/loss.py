@@ -83,3 +83,21 @@ def aggregate(token_values: torch.Tensor, mask: torch.Tensor, mode: str = "token
         per_seq = masked.sum(-1) / lengths.clamp(min=1)
         return per_seq.sum(), (lengths > 0).sum()
     raise ValueError(f"loss aggregation {mode!r} is unknown; use token-mean or seq-mean-token-mean")
+
+
+def rollout_mismatch(behaviour: list, actor: list) -> dict:
+    """How far the engine's behaviour log-probs are from the actor's old log-probs, over the
+    tokens of the samples that have them (fresh ones): mean and max of |diff|, and the k3
+    estimate of KL(behaviour || actor) per token, E[exp(d) - 1 - d] with d = log p_actor -
+    log p_behaviour (Schulman's estimator). The input of off-policy correction."""
+    pairs = [(torch.tensor(b, dtype=torch.float32), a.detach().float().cpu())
+             for b, a in zip(behaviour, actor) if len(b)]
+    if not pairs:
+        return {}
+    for b, a in pairs:
+        if len(b) != len(a):
+            raise ValueError(f"{len(b)} behaviour log-probs for a response of {len(a)} tokens")
+    d = torch.cat([a - b for b, a in pairs])
+    return {"rollout/logp_diff_mean": d.abs().mean().item(),
+            "rollout/logp_diff_max": d.abs().max().item(),
+            "rollout/kl_k3": (d.exp() - 1 - d).mean().item()}

@@ -35,6 +35,7 @@ from megatron_rlep.config import Config, ConfigError
 from megatron_rlep.data import Example, load_examples
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
                                   score_groups)
+from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.pool import ExperiencePool
 from megatron_rlep.rollout import encode_prompt, generate_sharded, make_engine
@@ -179,7 +180,7 @@ class Trainer:
         ``prompts_per_update`` prompts (x epochs). Also returns how far the engine's behaviour
         log-probs are from the actor's."""
         a = self.cfg.algorithm
-        if self.engine is not None and hasattr(self.engine, "sleep"):
+        if self.engine is not None:
             self.engine.sleep()  # a colocated engine frees its memory for the update
         assign_advantages(groups, a.normalize_std)
         batch = _sequences(groups)
@@ -330,24 +331,6 @@ def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
     return SequenceBatch([batch.tokens[i] for i in index], [batch.prompt_lengths[i] for i in index],
                          advantages=batch.advantages[index],
                          old_logp=[batch.old_logp[i] for i in index])
-
-
-def rollout_mismatch(behaviour: list, actor: list) -> dict:
-    """How far the engine's behaviour log-probs are from the actor's old log-probs, over the
-    tokens of the samples that have them (fresh ones): mean and max of |diff|, and the k3
-    estimate of KL(behaviour || actor) per token, E[exp(d) - 1 - d] with d = log p_actor -
-    log p_behaviour (Schulman's estimator). The input of off-policy correction."""
-    pairs = [(torch.tensor(b, dtype=torch.float32), a.detach().float().cpu())
-             for b, a in zip(behaviour, actor) if len(b)]
-    if not pairs:
-        return {}
-    for b, a in pairs:
-        if len(b) != len(a):
-            raise ValueError(f"{len(b)} behaviour log-probs for a response of {len(a)} tokens")
-    d = torch.cat([a - b for b, a in pairs])
-    return {"rollout/logp_diff_mean": d.abs().mean().item(),
-            "rollout/logp_diff_max": d.abs().max().item(),
-            "rollout/kl_k3": (d.exp() - 1 - d).mean().item()}
 
 
 def _mean(values) -> float | None:

@@ -95,7 +95,7 @@ def test_prompts_are_left_truncated_to_the_limit(tiny_engine):
 
 
 def test_rollout_mismatch_by_hand():
-    from megatron_rlep.train import rollout_mismatch
+    from megatron_rlep.loss import rollout_mismatch
 
     behaviour = [(-1.0, -2.0), (), (-0.5,)]  # the middle sample is a replay: no behaviour
     actor = [torch.tensor([-1.5, -2.0]), torch.tensor([-3.0]), torch.tensor([-0.25])]

@@ -74,6 +74,9 @@ class TransformersEngine:
         bar.close()
         return results
 
+    def sleep(self) -> None:
+        """Nothing to free: the transformers engine has no sleep mode."""
+
     @torch.no_grad()
     def load_weights(self, buckets) -> int:
         """Copy Hugging Face-named tensors (buckets of ``(name, tensor)``) into the model;
