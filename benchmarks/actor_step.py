@@ -6,6 +6,10 @@ token-mean GRPO loss, backward, gradient clipping and an Adam step. The two alte
 of the machine hits both alike; the result is the ratio of their token throughputs.
 
     python benchmarks/actor_step.py [--sequences 8 --prompt 64 --response 192 --repeats 3]
+
+With ``--compile`` it times the Megatron-Core step twice instead: with ``torch.compile`` on
+(Megatron-Core's ``jit_fuser`` compiles its fused functions) and off (what the CPU shims do),
+and reports the first, compiling, step of each too.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def main():
     parser.add_argument("--response", type=int, default=192)
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true",
+                        help="Megatron-Core step with torch.compile on against off")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -74,18 +80,32 @@ def main():
     batch.old_logp, _ = actor.logprobs(batch)
     tokens = args.sequences * (args.prompt + args.response)
 
-    times = {"megatron": [], "transformers": []}
+    def with_dynamo(disable):
+        import torch._dynamo
+
+        torch._dynamo.config.disable = disable
+        return actor.train_step(batch)
+
+    if args.compile:
+        steps = (("compiled", lambda: with_dynamo(False)), ("eager", lambda: with_dynamo(True)))
+    else:
+        steps = (("megatron", lambda: actor.train_step(batch)),
+                 ("transformers", lambda: plain_step(model, optimizer, batch, algorithm)))
+    times = {name: [] for name, _ in steps}
+    first = {}
     for repeat in range(args.repeats + 1):  # the first round warms up
-        for name, run in (("megatron", lambda: actor.train_step(batch)),
-                          ("transformers", lambda: plain_step(model, optimizer, batch, algorithm))):
+        for name, run in steps:
             start = time.perf_counter()
             run()
+            elapsed = time.perf_counter() - start
             if repeat:
-                times[name].append(time.perf_counter() - start)
-    result = {name: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)}
-              for name, t in times.items()}
-    result["ratio_megatron_over_transformers"] = (result["megatron"]["tokens_per_s"]
-                                                  / result["transformers"]["tokens_per_s"])
+                times[name].append(elapsed)
+            else:
+                first[name] = elapsed
+    result = {name: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t),
+                     "first_step_s": first[name]} for name, t in times.items()}
+    (a, _), (b, _) = steps
+    result[f"ratio_{a}_over_{b}"] = result[a]["tokens_per_s"] / result[b]["tokens_per_s"]
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
                        "response": args.response, "micro_batch_size": args.micro_batch_size,
                        "threads": torch.get_num_threads(), "repeats": args.repeats}

@@ -12,6 +12,7 @@ Everything that takes a model path calls ``resolve_model_path`` and so accepts t
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import shutil
@@ -55,14 +56,14 @@ def resolve_model_path(name_or_path: str) -> str:
 def convert(name: str, target: Path) -> None:
     """Dequantise the GGUF into ``target`` atomically (temp dir, then rename)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = gguf_file(name)
     folder, filename = str(source.parent), source.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename,
                                                       dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    config = copy.deepcopy(gguf_model.config)  # parsing the GGUF again costs seconds
     for attr in ("quantization_config", "_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)

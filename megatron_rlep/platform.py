@@ -16,6 +16,9 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
 5. ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up of pipeline stages
    moves the weight with it).
 6. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
+7. ``torch.compile`` is off (dynamo disabled): Megatron-Core's ``jit_fuser`` compiles its small
+   fused functions (bias + SwiGLU and others) with inductor, about 3 s of C++ compilation in
+   every new process, for a step no faster (benchmarks/actor_step.py ``--compile``).
 
 This module must not import anything from the rest of the package: everything else reads
 only ``device()``, ``compute_dtype()``, ``backend()``, ``layer_spec()`` and
@@ -125,8 +128,10 @@ def install_cpu_shims() -> None:
     global _CPU_MODE
     if has_cuda() or _CPU_MODE is not None:
         return
+    import torch._dynamo
     from megatron.core.tensor_parallel import random as mp_random
 
+    torch._dynamo.config.disable = True
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]

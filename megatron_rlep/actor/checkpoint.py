@@ -8,11 +8,17 @@ ranks keep their seeded generators.
 
 Both writers are atomic: all ranks write ``<dir>.partial``, rank 0 renames it to ``<dir>``
 only after every rank has finished, so a killed job never leaves a directory that loads.
+
+Saves are synchronous. Megatron-Core's writer hands its write results back through a queue
+that it creates, once per process, from a *spawned* ``multiprocessing.Manager`` - a server
+process that costs about 3 s to start and outlives a trainer killed with SIGKILL. A save that
+finishes in the calling process needs no server: ``save`` gives the writer a thread queue.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import random
 import shutil
 from pathlib import Path
@@ -87,7 +93,10 @@ def _prepare(final: Path) -> Path:
 
 def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None) -> Path:
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    if filesystem_async._results_queue is None:  # synchronous saves: see the module docstring
+        filesystem_async._results_queue = queue.Queue()
     final = Path(path)
     partial = _prepare(final)
     dist_checkpointing.save(_sharded(model, optimizer, scheduler, loading=False), str(partial))
