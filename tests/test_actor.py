@@ -15,17 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+from launch import env, launcher  # noqa: E402
+
 SCRIPT = Path(__file__).parent / "distributed" / "actor_cpu.py"
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
 
 
 def run(*args, nproc=1, timeout=600):
-    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", PYTHONWARNINGS="ignore")
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    result = subprocess.run([*launcher, str(SCRIPT), *map(str, args)], capture_output=True,
-                            text=True, timeout=timeout, env=env)
+    argv = [*launcher(nproc), str(SCRIPT), *map(str, args)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(argv))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result.stdout
 

@@ -2,7 +2,6 @@
 and two ranks under torchrun against one."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -14,22 +13,19 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
+from launch import env, launcher  # noqa: E402
 from megatron_rlep.data import Example  # noqa: E402
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "build_pool.py"
 
 
 def command(out, *extra, model="smollm2-135m", nproc=1, engine="transformers"):
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    return [*launcher, str(TOOL), f"model.path={model}", f"rollout.engine={engine}",
+    return [*launcher(nproc), str(TOOL), f"model.path={model}", f"rollout.engine={engine}",
             "progress=false", f"out={out}", *extra]
 
 
 def run(cmd, timeout=900):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(cmd))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
 
@@ -74,8 +70,7 @@ def test_builtin_model_pool_reverifies_and_manifest_matches(tmp_path):
 def test_kill_and_resume_finishes_without_loss_duplication_or_redone_shards(tiny_model, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run(command(straight, *TINY, model=tiny_model))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(command(killed, *TINY, model=tiny_model), env=env,
+    proc = subprocess.Popen(command(killed, *TINY, model=tiny_model), env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (killed / "shard-00001.json").exists() and time.time() < deadline:
@@ -122,9 +117,8 @@ def test_vllm_pool_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tiny_mo
 
 def test_other_settings_into_the_same_directory_are_refused(tiny_model, tmp_path):
     run(command(tmp_path / "pool", *TINY, model=tiny_model))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     result = subprocess.run(command(tmp_path / "pool", *TINY, "temperature=1.0", model=tiny_model),
-                            capture_output=True, text=True, env=env, timeout=600)
+                            capture_output=True, text=True, env=env(), timeout=600)
     assert result.returncode == 2
     assert "other settings (sampling" in result.stderr and "new out=" in result.stderr
 

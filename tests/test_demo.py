@@ -17,7 +17,7 @@ from megatron_rlep.demo import plan, split_arguments, training_overrides
 # Two steps on four training questions, so every question is drawn and the pool is used.
 SHORT = ["algorithm.total_steps=2", "data.levels=[1,2]", "data.train_size=4", "data.eval_size=8",
          "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
-         "algorithm.rollouts_per_prompt=4", "logging.eval_every=1", "pool_samples=6",
+         "algorithm.rollouts_per_prompt=2", "logging.eval_every=1", "pool_samples=6",
          "eval_samples=2"]
 
 

@@ -2,7 +2,6 @@
 one rank and on two, resuming after a lost unit, and its one-line errors."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -10,21 +9,20 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+from launch import env, launcher  # noqa: E402
+
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "evaluate.py"
 EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
 
 
 def command(out, *extra, nproc=1, engine="transformers"):
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    return [*launcher, str(TOOL), f"rollout.engine={engine}", "progress=false", f"out={out}",
+    return [*launcher(nproc), str(TOOL), f"rollout.engine={engine}", "progress=false", f"out={out}",
             *extra]
 
 
 def run(cmd, expect=0):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env(cmd))
     assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-4000:]
     return result
 

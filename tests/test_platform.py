@@ -1,23 +1,21 @@
 """Megatron-Core on the CPU under torchrun: TP=2 and PP=2 forward/backward, the pipeline
 schedule, gradient clipping and a distributed checkpoint round trip (tests/distributed/)."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+from launch import env, launcher  # noqa: E402
+
 SCRIPT = Path(__file__).parent / "distributed" / "megatron_cpu.py"
 
 
 def torchrun(nproc: int, *args, timeout=600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-         str(nproc), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )
+    argv = [*launcher(nproc), *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(argv))
 
 
 @pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])

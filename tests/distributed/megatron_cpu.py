@@ -7,7 +7,6 @@ Every check raises on failure; rank 0 prints "OK <tp> <pp>" at the end.
 import sys
 import tempfile
 from pathlib import Path
-from functools import partial
 
 import torch
 import torch.distributed as dist
