@@ -59,7 +59,7 @@ class AlgorithmConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 10.0
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (verl's)
     normalize_std: bool = True
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
@@ -210,7 +210,7 @@ _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmCon
 
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
-    "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean"),
+    "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "rollout.engine": ("auto", "vllm", "transformers"),
     "logging.wandb": ("online", "offline", "disabled"),
     "verifier.mode": ("dapo", "math"),

@@ -4,8 +4,9 @@
   sequences, fresh and replayed alike (``normalize_std=False`` gives Dr. GRPO's r_i - mean_g).
 * ``policy_token_loss``: the per-token clipped surrogate with clip-higher and dual clip,
   ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, bounded by ``-c A`` when A < 0.
-* ``aggregate``: the token-mean as a (sum, count) pair, so the mean can be taken over the
-  whole optimiser mini-batch - all micro-batches and data-parallel ranks - by summing both.
+* ``aggregate``: the mini-batch loss (token-mean, or verl's seq-mean modes) as a (sum, count)
+  pair, so the mean is taken over the whole optimiser mini-batch - all micro-batches and
+  data-parallel ranks - by summing both.
 
 No Megatron, no distributed code: tensors in, tensors out.
 """
@@ -64,6 +65,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return delta.exp() - delta - 1.0
 
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
 def aggregate(token_values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum, count) whose ratio is the mini-batch loss; ``token_values`` and ``mask`` are
@@ -71,18 +75,22 @@ def aggregate(token_values: torch.Tensor, mask: torch.Tensor, mode: str = "token
 
     * ``token-mean``: sum over every response token / number of response tokens (DAPO).
     * ``seq-mean-token-mean``: each sequence's token mean, summed / number of sequences.
+    * ``seq-mean-token-sum``: each sequence's token sum, summed / number of sequences.
 
     Summing the pairs over micro-batches and ranks before dividing gives the mean over the
-    whole mini-batch, not a mean of per-micro-batch means.
+    whole mini-batch, not a mean of per-micro-batch means (verl averages per micro-batch).
+    Sequences without response tokens count in neither seq-mean mode.
     """
     masked = torch.where(mask, token_values, torch.zeros_like(token_values))
     lengths = mask.sum(-1)
     if mode == "token-mean":
         return masked.sum(), lengths.sum()
-    if mode == "seq-mean-token-mean":
-        per_seq = masked.sum(-1) / lengths.clamp(min=1)
+    if mode in LOSS_AGG_MODES:
+        per_seq = masked.sum(-1)
+        if mode == "seq-mean-token-mean":
+            per_seq = per_seq / lengths.clamp(min=1)
         return per_seq.sum(), (lengths > 0).sum()
-    raise ValueError(f"loss aggregation {mode!r} is unknown; use token-mean or seq-mean-token-mean")
+    raise ValueError(f"loss aggregation {mode!r} is unknown; use one of {', '.join(LOSS_AGG_MODES)}")
 
 
 def rollout_mismatch(behaviour: list, actor: list) -> dict:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from megatron_rlep.loss import aggregate, group_advantages, kl_k3, policy_token_loss
+from megatron_rlep.loss import LOSS_AGG_MODES, aggregate, group_advantages, kl_k3, policy_token_loss
 
 
 def test_all_equal_rewards_give_zero_advantage():
@@ -67,9 +67,17 @@ def test_token_mean_over_micro_batches_equals_single_batch():
     poisoned = whole.clone()
     poisoned[1, 1:] = float("inf")
     assert aggregate(poisoned, mask)[0].item() == pytest.approx(10.0)
-    total, count = aggregate(whole, mask, "seq-mean-token-mean")
-    assert (total / count).item() == pytest.approx(3.0)
-    with pytest.raises(ValueError, match="token-mean"):
+
+    # verl's seq-mean modes over the same two micro-batches: (2 + 4) / 2 and (6 + 4) / 2
+    for mode, expected in (("seq-mean-token-mean", 3.0), ("seq-mean-token-sum", 5.0)):
+        total, count = aggregate(whole, mask, mode)
+        assert (total / count).item() == pytest.approx(expected)
+        parts = [aggregate(whole[:1], mask[:1], mode), aggregate(whole[1:], mask[1:], mode)]
+        assert (sum(t for t, _ in parts) / sum(c for _, c in parts)).item() == pytest.approx(expected)
+    # a sequence without response tokens counts in no mode
+    empty = torch.zeros(1, 3, dtype=torch.bool)
+    assert [aggregate(whole[:1], empty, m)[1].item() for m in LOSS_AGG_MODES] == [0, 0, 0]
+    with pytest.raises(ValueError, match="seq-mean-token-sum"):
         aggregate(whole, mask, "sum")
 
 

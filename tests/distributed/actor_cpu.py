@@ -7,10 +7,12 @@
 ``step`` asserts logits and log-probs equal transformers' (1e-4) and a bit-exact export, then
 does one optimiser update on a fixed batch and writes OUT/weights.safetensors (exported after
 the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckpt and the
-Hugging Face export OUT/hf.
+Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss modes, too, are
+exact over micro-batches and data-parallel shares.
 Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -111,6 +113,16 @@ def step(model_dir, tp, pp, out):
     logits = actor.logits(torch.tensor(batch.tokens[1])[None])
     actor.save(out / "ckpt", extra={"note": "step test"})
     actor.save_hf(out / "hf")
+    # verl's seq-mean modes: exact over the same micro-batches of 3 and DP shares
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg=mode)
+        now, _ = actor.logprobs(batch)
+        reported = actor.train_step(batch)["loss"]
+        per_seq = [objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0]
+                   for lp, old, adv in zip(now, batch.old_logp, batch.advantages)]
+        per_seq = [t.mean() if mode == "seq-mean-token-mean" else t.sum() for t in per_seq]
+        expected = (sum(per_seq) / len(per_seq)).item()
+        assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), (mode, reported, expected)
     if rank == 0:
         save_file(weights, str(out / "weights.safetensors"))
         torch.save(logits, out / "logits.pt")
