@@ -1,6 +1,6 @@
 """Entry points over Hydra: check the command line first, then hand the typed config to a job.
 
-A ``ConfigError`` or ``DataError`` (anything the user can fix) is printed as one line on
+A ``ConfigError``, ``DataError`` or ``RunError`` (anything the user can fix) is printed as one line on
 stderr with exit status 2, never as a traceback.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from megatron_rlep.config import (CONF_DIR, SCHEMAS, Config, ConfigError, check_overrides,
-                                   load_config)
+from megatron_rlep.config import (CONF_DIR, SCHEMAS, Config, ConfigError, RunError,
+                                   check_overrides, load_config)
 from megatron_rlep.data import DataError
 
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, RunError)
 
 
 def fail(err: Exception) -> None:

@@ -27,6 +27,10 @@ class ConfigError(ValueError):
     """A configuration key or value the user must fix; the message is one sentence."""
 
 
+class RunError(RuntimeError):
+    """A run stopped for a reason the user can act on; the message is one sentence."""
+
+
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m"  # a built-in name or a Hugging Face checkpoint directory
@@ -65,10 +69,13 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     overlong_buffer: int = 512
     overlong_factor: float = 1.0
-    dynamic_sampling: bool = False
-    max_resample_batches: int = 10
+    dynamic_sampling: bool = False  # drop groups whose answers are all right or all wrong
+    filter_metric: str = "acc"  # acc (the reference) | reward (the shaped reward)
+    max_gen_batches: int = 10  # generation batches per step in all, the first included (0: no limit)
+    short_batch: str = "error"  # still short after them: error (the reference) | train on those kept
     lr: float = 1e-6
-    warmup_steps: int = 10
+    warmup_steps: int = 10  # rollout steps of linear warm-up (every update of a step: one LR)
+    warmup_from_zero: bool = False  # step k at lr * k / warmup, the first at 0 (the reference)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     total_steps: int = 400
@@ -211,6 +218,7 @@ _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmCon
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
     "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
     "rollout.engine": ("auto", "vllm", "transformers"),
     "logging.wandb": ("online", "offline", "disabled"),
     "verifier.mode": ("dapo", "math"),
@@ -224,7 +232,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.epochs": (1, None), "algorithm.clip_low": (0.0, 1.0),
     "algorithm.clip_high": (0.0, None), "algorithm.dual_clip": (1.0, None),
     "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None),
-    "algorithm.warmup_steps": (0, None), "algorithm.grad_clip": (0.0, None),
+    "algorithm.warmup_steps": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
     "algorithm.total_steps": (0, None), "rollout.temperature": (0.0, None),
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),

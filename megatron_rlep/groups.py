@@ -48,8 +48,12 @@ class Group:
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
 
-    def all_equal(self) -> bool:
-        return len(set(self.rewards)) <= 1
+    def informative(self, metric: str = "acc") -> bool:
+        """Dynamic sampling's test (verl's filter_groups): the group's answers differ in
+        correctness (``acc``) or in shaped reward (``reward``), replays counted like fresh
+        answers; a group of one answer always passes, as in the reference."""
+        values = [s.correct for s in self.samples] if metric == "acc" else self.rewards
+        return len(set(values)) > 1 or len(values) == 1
 
 
 def plan_group(example: Example, pool: Optional[ExperiencePool], g: int, m: int,

@@ -19,6 +19,7 @@ rank finish the current step, write a checkpoint and leave; the next start with 
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import time
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from megatron_rlep import metrics
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
-from megatron_rlep.config import Config, ConfigError
+from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import Example, load_examples
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
                                   score_groups)
@@ -157,23 +158,32 @@ class Trainer:
         return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)
 
     def gather_groups(self, step: int) -> tuple[list[Group], dict]:
-        """prompts_per_rollout groups; with dynamic sampling, groups whose G' rewards are all
-        equal are dropped and more prompts are drawn, at most max_resample_batches times."""
+        """prompts_per_rollout groups. With dynamic sampling, uninformative groups (all answers
+        right or all wrong: ``Group.informative``) are dropped and more prompts drawn, up to
+        max_gen_batches generation batches in all; a batch still short then stops the run
+        (short_batch=error, the reference's behaviour) or trains on the groups kept."""
         a = self.cfg.algorithm
-        groups = self.collect(self.prompts.take(a.prompts_per_rollout), step)
-        drawn, dropped = len(groups), 0
-        if a.dynamic_sampling:
-            kept = [g for g in groups if not g.all_equal()]
-            dropped = len(groups) - len(kept)
-            for batch in range(1, a.max_resample_batches + 1):
-                if len(kept) >= a.prompts_per_rollout:
-                    break
-                more = self.collect(self.prompts.take(a.prompts_per_rollout), step, batch)
-                drawn += len(more)
-                kept += [g for g in more if not g.all_equal()]
-                dropped += sum(g.all_equal() for g in more)
-            groups = kept[:a.prompts_per_rollout]
-        return groups, {"prompts_drawn": drawn, "groups_dropped": dropped}
+        if not a.dynamic_sampling:
+            groups = self.collect(self.prompts.take(a.prompts_per_rollout), step)
+            return groups, {"prompts_drawn": len(groups), "groups_dropped": 0,
+                            "gen_batches": 1, "groups_short": 0}
+        kept, drawn, batches = [], 0, 0
+        while len(kept) < a.prompts_per_rollout and batches < (a.max_gen_batches or math.inf):
+            more = self.collect(self.prompts.take(a.prompts_per_rollout), step, batches)
+            batches, drawn = batches + 1, drawn + len(more)
+            kept += [g for g in more if g.informative(a.filter_metric)]
+        short = max(a.prompts_per_rollout - len(kept), 0)
+        if short:
+            what = (f"step {step}: dynamic sampling kept {len(kept)} of {a.prompts_per_rollout} "
+                    f"groups in {batches} generation batches (algorithm.max_gen_batches)")
+            if a.short_batch == "error":
+                raise RunError(f"{what}; the questions are too easy or too hard for the policy: "
+                               "raise algorithm.max_gen_batches (0: no limit) or set "
+                               "algorithm.short_batch=train to train on the groups kept")
+            if is_rank0():
+                print(f"warning: {what}; training on them (algorithm.short_batch=train)", flush=True)
+        return kept[:a.prompts_per_rollout], {"prompts_drawn": drawn, "groups_dropped": drawn - len(kept),
+                                              "gen_batches": batches, "groups_short": short}
 
     def update(self, groups: list[Group]) -> tuple[list[dict], dict]:
         """Old log-probs from the current policy, then one optimiser update per mini-batch of
@@ -183,6 +193,7 @@ class Trainer:
         if self.engine is not None:
             self.engine.sleep()  # a colocated engine frees its memory for the update
         assign_advantages(groups, a.normalize_std)
+        self.actor.begin_step(self.step)
         batch = _sequences(groups)
         batch.old_logp, _ = self.actor.logprobs(batch)
         mismatch = rollout_mismatch([s.logprobs for g in groups for s in g.samples], batch.old_logp)
@@ -353,6 +364,7 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
         "train/truncated_fraction": _mean(not s.finished for s in every),
         "train/groups": len(groups), "train/sequences": len(every),
         "train/prompts_drawn": info["prompts_drawn"], "train/groups_dropped": info["groups_dropped"],
+        "train/gen_batches": info["gen_batches"], "train/groups_short": info["groups_short"],
         "time/rollout_s": rollout_s, "time/update_s": update_s,
     }
     for key in ("loss", "clip_fraction", "dual_clip_fraction", "entropy", "grad_norm", "lr"):

@@ -117,3 +117,20 @@ def test_hugging_face_export_loads_in_transformers(runs, layout):
     for name, tensor in weights.items():
         assert torch.equal(state[name], tensor), name
     assert not (runs / layout / "hf.partial").exists()
+
+
+def test_learning_rate_counts_rollout_steps():
+    from megatron_rlep.actor import optim
+
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = optim.schedule(sgd, 1e-6, 0.1, warmup_steps=10, total_steps=400)
+
+    def lr(step, from_zero):
+        optim.set_position(scheduler, optim.position(step, from_zero))
+        return sgd.param_groups[0]["lr"]
+
+    # the reference: step k at lr * k / 10, so the first step does not move the weights
+    assert [lr(k, True) for k in (0, 1, 5, 10, 11, 399)] == \
+        pytest.approx([0.0, 1e-7, 5e-7, 1e-6, 1e-6, 1e-6], abs=1e-15)
+    assert [lr(k, False) for k in (0, 8, 9, 10)] == pytest.approx([1e-7, 9e-7, 1e-6, 1e-6], abs=1e-15)
+

@@ -60,3 +60,40 @@ def test_replay_sequences_end_with_eos_or_are_cut_without_it():
     assert cut.text == "long r"  # scored on what is trained, like a fresh truncated answer
     exact = replay_sample("abcde", tok, 6)  # 5 characters + EOS fit exactly
     assert exact.finished and exact.response_ids[-1] == 0
+
+
+def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from megatron_rlep.config import AlgorithmConfig, RunError
+    from megatron_rlep.groups import Group, Sample
+    from megatron_rlep.train import Trainer
+
+    def group(*answers):  # (correct, reward) per answer
+        g = Group(example("q"), (1,), [], len(answers))
+        g.samples = [Sample((1,), "", False, True, reward=r, correct=c) for c, r in answers]
+        return g
+
+    wrong_cut = group((False, -1.0), (False, -1.25))  # equal accuracy, rewards differ (overlong)
+    batches = [[wrong_cut, group((True, 1.0), (False, -1.0))],
+               [group((True, 1.0), (True, 1.0)), group((False, -1.0), (False, -1.0))],
+               [group((False, -1.0), (True, 1.0)), group((True, 1.0), (True, 1.0))]]
+
+    def gather(**algorithm):
+        a = AlgorithmConfig(prompts_per_rollout=2, dynamic_sampling=True, **algorithm)
+        stub = SimpleNamespace(cfg=SimpleNamespace(algorithm=a),
+                               prompts=SimpleNamespace(take=lambda n: [None] * n),
+                               collect=lambda examples, step, batch: batches[batch])
+        return Trainer.gather_groups(stub, step=0)
+
+    groups, info = gather()  # the reference: accuracy, 10 batches
+    assert groups == [batches[0][1], batches[2][0]]
+    assert info == {"prompts_drawn": 6, "groups_dropped": 4, "gen_batches": 3, "groups_short": 0}
+    groups, info = gather(filter_metric="reward")
+    assert groups == batches[0] and info["gen_batches"] == 1
+    with pytest.raises(RunError, match=r"kept 1 of 2 groups in 2 generation batches.*short_batch=train"):
+        gather(max_gen_batches=2)
+    groups, info = gather(max_gen_batches=2, short_batch="train")
+    assert groups == [batches[0][1]] and info["groups_short"] == 1 and info["prompts_drawn"] == 4

@@ -27,12 +27,15 @@ def assets(tmp_path_factory):
 
 def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None,
           engine="transformers"):
+    """The trainer on the tiny model; ``extra`` overrides come last (no warm-up unless given)."""
+    if not any(e.startswith("algorithm.warmup_steps=") for e in extra):
+        extra = ("algorithm.warmup_steps=0", *extra)
     model, pool = assets[0], pool or assets[1]
     args = [f"model.path={model}", "data.train_size=8", "data.levels=[1,2]", "data.eval_size=4",
             f"algorithm.prompts_per_rollout={PROMPTS}", "algorithm.prompts_per_update=2",
             f"algorithm.rollouts_per_prompt={G}", f"algorithm.replay_per_prompt={M}",
             f"algorithm.pool={pool}", f"algorithm.total_steps={steps}", "algorithm.lr=1e-3",
-            "algorithm.warmup_steps=0", "algorithm.overlong_buffer=4", f"rollout.engine={engine}",
+            "algorithm.overlong_buffer=4", f"rollout.engine={engine}",
             "rollout.max_response_length=12", "logging.wandb=offline", "logging.dump_batches=true",
             "logging.eval_every=2", "logging.save_every=1", "logging.progress=false",
             "rollout.check_sync=true", f"run_dir={run_dir}", *extra]
@@ -133,9 +136,10 @@ def test_rlep_steps_under_two_processes(assets, tmp_path, layout, engine):
 
 @pytest.mark.e2e
 def test_resume_continues_the_same_streams(assets, tmp_path):
-    train(assets, tmp_path / "straight", steps=3)
-    train(assets, tmp_path / "resumed", steps=1)
-    train(assets, tmp_path / "resumed", steps=3)
+    warmup = "algorithm.warmup_steps=2"  # counted in rollout steps: both updates of a step alike
+    train(assets, tmp_path / "straight", warmup, steps=3)
+    train(assets, tmp_path / "resumed", warmup, steps=1)
+    train(assets, tmp_path / "resumed", warmup, steps=3)
     for step in range(3):
         a = json.loads((tmp_path / "straight" / "batches" / f"step-{step:06d}.json").read_text())
         b = json.loads((tmp_path / "resumed" / "batches" / f"step-{step:06d}.json").read_text())
@@ -145,18 +149,21 @@ def test_resume_continues_the_same_streams(assets, tmp_path):
                [[s["response_ids"] for s in g["samples"]] for g in b], step
     steps = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
+    for run in ("straight", "resumed"):
+        rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["actor/lr"] for r in rows if "actor/lr" in r] == pytest.approx([5e-4, 1e-3, 1e-3])
 
 
 @pytest.mark.e2e
 def test_dynamic_sampling_keeps_whole_aligned_groups(assets, tmp_path):
     # the random tiny model never answers right: only groups holding replays have mixed rewards
     train(assets, tmp_path / "run", "algorithm.dynamic_sampling=true",
-          "algorithm.max_resample_batches=3", steps=1)
+          "algorithm.max_gen_batches=4", "algorithm.short_batch=train", steps=1)
     groups = json.loads((tmp_path / "run" / "batches" / "step-000000.json").read_text())
     assert groups, "dynamic sampling kept no group"
     for g in groups:
         assert len(g["samples"]) == G + M
-        assert len({s["reward"] for s in g["samples"]}) > 1, "an all-equal group was kept"
+        assert len({s["correct"] for s in g["samples"]}) > 1, "a group of equal accuracy was kept"
         assert any(s["replay"] for s in g["samples"])
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["train/groups_dropped"] > 0 and line["train/prompts_drawn"] > PROMPTS

@@ -222,6 +222,10 @@ class Actor:
             ]).double().cpu()
         return total, count.int(), {"stats": stats, "count": count.detach().double().cpu()}
 
+    def begin_step(self, step: int) -> None:
+        """Set the learning rate of rollout step ``step`` (from 0) for all its updates."""
+        optim.set_position(self.scheduler, optim.position(step, self.algorithm.warmup_from_zero))
+
     def train_step(self, batch: SequenceBatch) -> dict:
         """One optimiser update on a mini-batch with advantages and old log-probs; metrics."""
         from megatron.core import parallel_state as ps
@@ -242,7 +246,7 @@ class Actor:
             dist.all_reduce(both, group=ps.get_data_parallel_group())
             stats, count = both[:-1].cpu(), both[-1].cpu()
         stats, count = self._from_last_stage((stats, count))
-        grad_norm, lr = optim.step(self.optimizer, self.scheduler, self.algorithm.grad_clip)
+        grad_norm, lr = optim.step(self.optimizer, self.algorithm.grad_clip)
         self.step += 1
         s = dict(zip(_STATS, stats.tolist()))
         tokens = max(s["tokens"], 1.0)

@@ -1,7 +1,9 @@
 """Megatron-Core's optimiser and learning-rate schedule for the actor.
 
 Adam with decoupled weight decay (Megatron skips biases and norms), linear warm-up then a
-constant learning rate, gradient clipping by global norm. On a GPU with data parallelism the
+constant learning rate, gradient clipping by global norm. The schedule counts rollout steps,
+as the reference does: every optimiser update of one step runs at the same learning rate
+(``set_position``), however many mini-batches the step has. On a GPU with data parallelism the
 distributed optimiser shards the optimiser state; on the CPU the plain one is used (the
 distributed optimiser and Megatron's ``clip_grads`` need CUDA tensors), and clipping goes
 through ``platform.clip_grad_norm``.
@@ -18,7 +20,6 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
           total_steps: int, dtype: torch.dtype, distributed: bool):
     """(optimizer, scheduler) for the DDP-wrapped ``model_chunks``."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     config = OptimizerConfig(
         optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
@@ -26,21 +27,39 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
     )
     optimizer = get_megatron_optimizer(config, model_chunks)
+    return optimizer, schedule(optimizer, lr, weight_decay, warmup_steps, total_steps)
+
+
+def schedule(optimizer, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
+    """Megatron-Core's scheduler: linear warm-up from 0 over ``warmup_steps``, then constant;
+    at position 1 until ``set_position`` moves it."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
     steps = max(total_steps, warmup_steps + 1)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=lr, min_lr=lr, lr_warmup_steps=warmup_steps,
         lr_decay_steps=steps, lr_decay_style="constant", start_wd=weight_decay,
         end_wd=weight_decay, wd_incr_steps=steps, wd_incr_style="constant",
     )
-    return optimizer, scheduler
+    set_position(scheduler, 1)
+    return scheduler
 
 
-def step(optimizer, scheduler, grad_clip: float) -> tuple[float, float]:
-    """One optimiser step; returns (gradient norm before clipping, learning rate used).
+def position(step: int, from_zero: bool) -> int:
+    """The schedule position of rollout step ``step`` (from 0), whose updates all run at
+    lr * min(1, position / warmup_steps). The reference advances its schedule after each step's
+    update, so its first step runs at position 0, with learning rate 0 (``from_zero``);
+    otherwise the first step runs at lr / warmup_steps."""
+    return step if from_zero else step + 1
 
-    The schedule is advanced first, so update k (from 0) runs at lr * min(1, (k + 1) / warmup).
-    """
-    scheduler.step(increment=1)
+
+def set_position(scheduler, at: int) -> None:
+    scheduler.num_steps = at
+    scheduler.step(increment=0)
+
+
+def step(optimizer, grad_clip: float) -> tuple[float, float]:
+    """One optimiser step; returns (gradient norm before clipping, learning rate used)."""
     lr = optimizer.param_groups[0]["lr"]
     if platform.has_cuda():
         ok, grad_norm, _ = optimizer.step()
