@@ -56,6 +56,7 @@ class AlgorithmConfig:
     replay_per_prompt: int = 2  # M (0 = no replay)
     pool: Optional[str] = None  # experience pool: pool directory or RLEP release parquet
     fill_absent: bool = True  # a question absent from the pool gets G + M fresh rollouts (else G)
+    replay_distinct: bool = False  # M distinct texts (else M stored answers, repeats too: the reference)
     pool_drop_rejected: bool = False  # drop pool answers the verifier rejects (else keep, counted)
     prompts_per_rollout: int = 512
     prompts_per_update: int = 64

@@ -147,6 +147,12 @@ def _logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _average(records: list[dict], key: str) -> float:
+    """The mean of ``key`` over the records that logged it (0 when none did)."""
+    values = [r[key] for r in records if r.get(key) is not None]
+    return sum(values) / len(values) if values else 0.0
+
+
 def _steps_logged(run_dir: Path) -> int:
     return len({r["step"] for r in _logged(run_dir) if "time/step_s" in r})
 
@@ -234,8 +240,9 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
         steps = [r for r in _logged(out / run) if "train/replay_fraction" in r]
         runs[run] = {"curve": c["curve"], "peak": c["peak"], "peak_step": c["peak_step"],
                      "final": c["final"], "wall_s": round(seconds[run], 1),
-                     "replay_fraction": sum(r["train/replay_fraction"] for r in steps) /
-                     max(len(steps), 1),
+                     "replay_fraction": _average(steps, "train/replay_fraction"),
+                     "effective_m": _average(steps, "train/replays_per_group"),
+                     "distinct_replays": _average(steps, "train/distinct_replays_per_group"),
                      "eval": {"n": evaluation["n"], "mean@n": evaluation["mean@n"],
                               "pass@n": evaluation["pass@k"][str(evaluation["n"])],
                               "maj@n": evaluation["maj@k"][str(evaluation["n"])],
@@ -288,9 +295,12 @@ def markdown(report: dict) -> str:
               (f"RLEP first reaches that at step {reached}." if reached is not None else
                f"RLEP does not reach it within {s['steps']} steps."), ""]
     g_prime = s["G"] + s["M"]
-    lines += [f"Replayed answers were {runs['rlep']['replay_fraction']:.1%} of RLEP's sequences "
-              f"(M/G' = {s['M'] / g_prime:.1%} when every question has M distinct pool answers; "
-              "a question with fewer gets fresh rollouts in the free slots).", ""]
+    rlep = runs["rlep"]
+    lines += [f"Replayed answers were {rlep['replay_fraction']:.1%} of RLEP's sequences "
+              f"(M/G' = {s['M'] / g_prime:.1%} when every question has M pool answers; a "
+              "question with fewer gets fresh rollouts in the free slots): an effective M of "
+              f"{rlep['effective_m']:.2f} replays per group, {rlep['distinct_replays']:.2f} of "
+              "them distinct texts.", ""]
     p = report["pool"]
     rate = f" (their pass rate when sampled: {p['mean_pass_rate']:.3f} on average)" \
         if p["mean_pass_rate"] is not None else ""

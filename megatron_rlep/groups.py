@@ -57,14 +57,15 @@ class Group:
 
 
 def plan_group(example: Example, pool: Optional[ExperiencePool], g: int, m: int,
-               fill_absent: bool, seed: int, step: int) -> tuple[list[str], int]:
+               fill_absent: bool, seed: int, step: int, distinct: bool = False
+               ) -> tuple[list[str], int]:
     """(replayed texts, number of fresh rollouts) for one prompt at one step."""
     if m == 0:
         return [], g
     answers = pool.answers(example) if pool is not None else ()
     if not answers:
         return [], g + m if fill_absent else g
-    replays = sample_replays(answers, m, seed, step, question_key(example))
+    replays = sample_replays(answers, m, seed, step, question_key(example), distinct)
     return replays, g + m - len(replays)
 
 

@@ -6,7 +6,9 @@ by ``tools/build_pool.py``) or a single RLEP release parquet. Both carry the ver
 text (the last chat message), so a pool built from one copy of a dataset serves another.
 
 ``sample_replays`` is the replay rule: M answers per question, uniformly without replacement,
-fresh each step, a pure function of (seed, step, question).
+fresh each step, a pure function of (seed, step, question). Like the reference it draws from
+the stored answers, repeats included (an answer stored twice is twice as likely and may be
+replayed twice); ``distinct=True`` draws from the distinct texts instead.
 
 This module does not tokenize, score or train.
 """
@@ -47,10 +49,9 @@ class ExperiencePool:
         if verifier is not None:
             rows, rejected, _ = verify_rows(rows, verifier, drop_rejected)
         candidates: dict[str, tuple[str, ...]] = {}
-        for row in rows:
+        for row in rows:  # rows of one question (two copies of a dataset) pool their answers
             key = row_key(row)
-            merged = dict.fromkeys(candidates.get(key, ()) + tuple(row["reward_model"]["candidates"]))
-            candidates[key] = tuple(merged)
+            candidates[key] = candidates.get(key, ()) + tuple(row["reward_model"]["candidates"])
         return cls(candidates, str(path), rejected)
 
     def __len__(self) -> int:
@@ -264,9 +265,13 @@ def write_pool(rows: list[dict], out: str | Path, origin: dict, shard_size: int 
     return manifest
 
 
-def sample_replays(answers: tuple[str, ...], m: int, seed: int, step: int, key: str) -> list[str]:
-    """M answers drawn uniformly without replacement (all of them when fewer than M exist),
-    deterministic from (seed, step, question key) and independent of everything else."""
+def sample_replays(answers: tuple[str, ...], m: int, seed: int, step: int, key: str,
+                   distinct: bool = False) -> list[str]:
+    """M of the stored answers drawn uniformly without replacement (all of them when fewer
+    than M exist; with ``distinct``, of the distinct texts), deterministic from (seed, step,
+    question key) and independent of everything else."""
+    if distinct:
+        answers = tuple(dict.fromkeys(answers))
     if m <= 0 or not answers:
         return []
     digest = hashlib.sha256(f"{seed}\x00{step}\x00{key}".encode()).digest()

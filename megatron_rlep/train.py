@@ -139,7 +139,7 @@ class Trainer:
         groups = []
         for ex in examples:
             replays, fresh = plan_group(ex, self.pool, a.rollouts_per_prompt, a.replay_per_prompt,
-                                        a.fill_absent, self.cfg.seed, step)
+                                        a.fill_absent, self.cfg.seed, step, a.replay_distinct)
             prompt_ids = self._prompt_ids(ex)
             groups.append(Group(ex, prompt_ids, replays, fresh))
         completions = generate_sharded(
@@ -359,6 +359,8 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
         "train/reward": _mean(s.reward for s in every),
         "train/reward_fresh": _mean(s.reward for s in fresh),
         "train/replay_fraction": len(replay) / max(len(every), 1),
+        "train/replays_per_group": _mean(len(g.replays) for g in groups),  # the effective M
+        "train/distinct_replays_per_group": _mean(len(set(g.replays)) for g in groups),
         "train/response_length": _mean(len(s.response_ids) for s in every),
         "train/response_length_fresh": _mean(len(s.response_ids) for s in fresh),
         "train/truncated_fraction": _mean(not s.finished for s in every),

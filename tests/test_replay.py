@@ -97,3 +97,19 @@ def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
         gather(max_gen_batches=2)
     groups, info = gather(max_gen_batches=2, short_batch="train")
     assert groups == [batches[0][1]] and info["groups_short"] == 1 and info["prompts_drawn"] == 4
+
+
+def test_replays_repeat_stored_answers_unless_distinct():
+    # the reference draws M stored answers: one stored three times is replayed more often,
+    # and may fill both slots; distinct=True draws among the two texts
+    stored = ("Answer: 5", "Answer: 5", "Answer: 5", "5\nAnswer: 5")
+    draws = [sample_replays(stored, 2, 1, step, "q") for step in range(300)]
+    assert sum(d == ["Answer: 5", "Answer: 5"] for d in draws) > 0
+    assert all(len(d) == 2 for d in draws)
+    repeated = sum(d.count("Answer: 5") for d in draws) / 600  # 3/4 of the stored answers
+    assert abs(repeated - 0.75) < 0.06
+    for step in range(50):
+        assert sorted(sample_replays(stored, 2, 1, step, "q", distinct=True)) == sorted(set(stored))
+    pool = ExperiencePool({question_key(example("q")): stored})
+    assert plan_group(example("q"), pool, 4, 3, True, 1, 0)[1] == 4 + 3 - 3
+    assert plan_group(example("q"), pool, 4, 3, True, 1, 0, distinct=True)[1] == 4 + 3 - 2
