@@ -148,6 +148,7 @@ class BuildPoolConfig:
     temperature: float = 0.7
     top_p: float = 0.95
     min_correct: int = 2  # keep a question only with at least this many verified answers
+    finished_only: bool = True  # keep answers that ended with EOS (not cut at max_response_length)
     dedupe: bool = True  # drop exact duplicate answers (counted once toward min_correct)
     max_keep: Optional[int] = None  # at most this many answers per question
     keep: str = "random"  # which answers max_keep keeps: random | shortest | diverse

@@ -147,3 +147,27 @@ def test_dedupe_counts_identical_answers_once_and_off_keeps_them_all():
     (row,) = rows
     assert row["reward_model"]["candidates"] == [same.text] * 3
     assert (row["pass_rate"], row["samples"], row["candidate_lengths"]) == (0.75, 4, [3, 3, 3])
+
+
+def test_answers_cut_at_the_length_limit_stay_out_of_the_pool_unless_asked():
+    sys.path.insert(0, str(TOOL.parent))
+    from build_pool import shard_rows
+
+    from megatron_rlep.config import BuildPoolConfig
+    from megatron_rlep.rollout.base import Completion
+    from megatron_rlep.verifier import Verifier
+
+    ex = Example("q", ({"role": "user", "content": "2 + 3?"},), "5", "t")
+    group = [Completion("2 + 3 = 5.\nAnswer: 5", (1, 2, 0), True),
+             Completion("The sum is 5.\nAnswer: 5", (1, 2), False),  # verified, but cut at the limit
+             Completion("Answer: 6", (1, 0), True)]
+    verifier = Verifier("dapo")
+    rows, stats = shard_rows([ex], [group], verifier, BuildPoolConfig(min_correct=1))
+    assert rows[0]["reward_model"]["candidates"] == ["2 + 3 = 5.\nAnswer: 5"]
+    assert stats == {"samples": 3, "correct": 2, "unfinished_dropped": 1}
+    rows, stats = shard_rows([ex], [group], verifier,
+                             BuildPoolConfig(min_correct=1, finished_only=False))
+    assert len(rows[0]["reward_model"]["candidates"]) == 2 and stats["unfinished_dropped"] == 0
+    # min_correct counts finished answers only
+    assert shard_rows([ex], [group], verifier, BuildPoolConfig(min_correct=2))[0] == []
+

@@ -58,12 +58,16 @@ def select(texts: list[str], lengths: list[int], limit: int | None, rule: str, k
 
 def shard_rows(examples: list[Example], completions, verifier: Verifier, cfg: BuildPoolConfig):
     """Rows of the questions that keep at least ``min_correct`` verified answers (distinct ones
-    with ``dedupe``)."""
-    rows, stats = [], {"samples": 0, "correct": 0}
+    with ``dedupe``; finished ones only with ``finished_only``: a replayed answer cut at the
+    length limit would teach the policy to stop mid-sentence, EOS appended)."""
+    rows, stats = [], {"samples": 0, "correct": 0, "unfinished_dropped": 0}
     for ex, group in zip(examples, completions):
         good = [c for c in group if verifier.verdict(c.text, ex.ground_truth)[0]]
         stats["samples"] += len(group)
         stats["correct"] += len(good)
+        if cfg.finished_only:
+            stats["unfinished_dropped"] += sum(not c.finished for c in good)
+            good = [c for c in good if c.finished]
         verified = {}  # key -> (text, length); with dedupe, exact duplicates share a key
         for i, c in enumerate(good):
             verified.setdefault(c.text if cfg.dedupe else i, (c.text, len(c.token_ids)))
@@ -84,6 +88,7 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
                          "top_p": cfg.top_p, "max_tokens": cfg.rollout.max_response_length,
                          "seed": cfg.seed},
             "verifier": cfg.verifier.mode, "min_correct": cfg.min_correct, "dedupe": cfg.dedupe,
+            "finished_only": cfg.finished_only,
             "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
 
 
@@ -171,12 +176,14 @@ def write_manifest(out: Path, wanted: dict, n_shards: int) -> None:
         if not shard_done(out, k):
             raise RuntimeError(f"shard {k} of {out} is missing after every rank finished")
         entries.append(json.loads((out / f"shard-{k:05d}.json").read_text()))
-    totals = {key: sum(e[key] for e in entries) for key in ("kept", "trajectories", "samples", "correct")}
+    totals = {key: sum(e.get(key, 0) for e in entries)
+              for key in ("kept", "trajectories", "samples", "correct", "unfinished_dropped")}
     write_json_atomic({
         "schema_version": SCHEMA_VERSION, **wanted,
         "counts": {"questions_seen": sum(len(e["questions"]) for e in entries),
                    "questions_kept": totals["kept"], "trajectories": totals["trajectories"],
-                   "samples": totals["samples"], "verified_samples": totals["correct"]},
+                   "samples": totals["samples"], "verified_samples": totals["correct"],
+                   "verified_unfinished_dropped": totals["unfinished_dropped"]},
         "shards": [{"file": e["file"], "sha256": e["sha256"], "questions": len(e["questions"]),
                     "kept": e["kept"], "trajectories": e["trajectories"]} for e in entries],
     }, out / MANIFEST)
