@@ -45,7 +45,6 @@ class DataConfig:
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])  # built-in task only
     train_size: int = 256  # built-in task only
     eval_size: int = 64  # built-in task only
-    eval_samples: int = 1  # answers per held-out question at validation (paper: 32)
     max_prompt_length: int = 1024
 
 
@@ -96,6 +95,16 @@ class RolloutConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """Sampling of the held-out answers at validation (verl's val_kwargs); unset keys take the
+    rollout's value."""
+    n: int = 1  # answers per held-out question
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    max_response_length: Optional[int] = None
+
+
+@dataclass
 class ParallelConfig:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -125,6 +134,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
@@ -214,8 +224,8 @@ def _register_schema() -> None:
 _register_schema()
 
 _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmConfig,
-                                           RolloutConfig, ParallelConfig, LoggingConfig,
-                                           VerifierConfig)}
+                                           RolloutConfig, ValidationConfig, ParallelConfig,
+                                           LoggingConfig, VerifierConfig)}
 
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
@@ -242,7 +252,9 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "parallel.micro_batch_size": (1, None), "data.train_size": (1, None),
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
     "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
-    "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "data.eval_samples": (1, None),
+    "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "validation.n": (1, None),
+    "validation.temperature": (0.0, None), "validation.top_p": (0.0, 1.0),
+    "validation.max_response_length": (1, None),
     "logging.eval_every": (0, None), "logging.save_every": (0, None), "limit": (1, None),
     "max_tokens": (1, None), "chunk_size": (1, None), "replay_per_prompt": (1, None),
     "pool_samples": (1, None), "pool_temperature": (0.0, None), "pool_top_p": (0.0, 1.0),

@@ -99,7 +99,8 @@ class Trainer:
                            cfg.model.dtype, r.temperature, cfg.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
-                                  cfg.data.max_prompt_length + r.max_response_length)
+                                  cfg.data.max_prompt_length + max(r.max_response_length,
+                                                                   self._validation()["max_tokens"]))
         self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
                                  overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
         self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
@@ -238,14 +239,14 @@ class Trainer:
         return float(diff)
 
     def validate(self) -> dict:
-        """mean@n, pass@n and maj@n (n = data.eval_samples) per held-out set and data source
-        (megatron_rlep/metrics.py); ``val/acc`` is the mean of the sets' mean@n."""
-        r, n, out, accs = self.cfg.rollout, self.cfg.data.eval_samples, {}, []
+        """mean@n, pass@n and maj@n (n = validation.n) per held-out set and data source
+        (megatron_rlep/metrics.py); ``val/acc`` is the mean of the sets' mean@n. Every
+        validation samples with the same seeds, so points of a run, and of two runs, are paired."""
+        n, out, accs = self.cfg.validation.n, {}, []
         for name, examples in self.eval_sets.items():
             completions = generate_sharded(
                 self.engine, [self._prompt_ids(e) for e in examples], [n] * len(examples),
-                r.tensor_parallel, seed=self.cfg.seed, temperature=r.temperature, top_p=r.top_p,
-                max_tokens=r.max_response_length)
+                self.cfg.rollout.tensor_parallel, seed=self.cfg.seed, **self._validation())
             rows = [{"data_source": e.data_source, "id": f"{i}", "sample_index": j,
                      "pred": pred, "correct": ok}
                     for i, (e, group) in enumerate(zip(examples, completions))
@@ -263,6 +264,13 @@ class Trainer:
             accs.append(result["all"]["mean@n"])
         out["val/acc"] = sum(accs) / len(accs) if accs else None
         return out
+
+    def _validation(self) -> dict:
+        """Validation's sampling settings: ``validation.*``, the rollout's where unset."""
+        v, r = self.cfg.validation, self.cfg.rollout
+        return {"temperature": _unless_none(v.temperature, r.temperature),
+                "top_p": _unless_none(v.top_p, r.top_p),
+                "max_tokens": _unless_none(v.max_response_length, r.max_response_length)}
 
     def save(self, step: int) -> None:
         name = f"step-{step:06d}"
@@ -342,6 +350,10 @@ def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
     return SequenceBatch([batch.tokens[i] for i in index], [batch.prompt_lengths[i] for i in index],
                          advantages=batch.advantages[index],
                          old_logp=[batch.old_logp[i] for i in index])
+
+
+def _unless_none(value, default):
+    return default if value is None else value
 
 
 def _mean(values) -> float | None:

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,78 @@ def test_entry_point_prints_one_line_and_exits_2():
 def test_every_preset_composes_and_validates(preset):
     cfg = compose([f"experiment={preset}"])
     assert cfg.algorithm.prompts_per_rollout % cfg.algorithm.prompts_per_update == 0
+
+
+# The reference's verl keys (tests/reference/recipes.yaml) -> how our resolved config says it.
+def _ours(dotted):
+    def get(cfg):
+        value = cfg
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        return value
+    return get
+
+
+def _validation(key):
+    return lambda cfg: (getattr(cfg.validation, key) if getattr(cfg.validation, key) is not None
+                        else getattr(cfg.rollout, key))
+
+
+REFERENCE_KEYS = {
+    "algorithm.norm_adv_by_std_in_grpo": _ours("algorithm.normalize_std"),
+    "data.train_batch_size": _ours("algorithm.prompts_per_rollout"),
+    "data.max_prompt_length": _ours("data.max_prompt_length"),
+    "data.max_response_length": _ours("rollout.max_response_length"),
+    "data.experience_replay_num": _ours("algorithm.replay_per_prompt"),
+    "actor_rollout_ref.actor.clip_ratio_low": _ours("algorithm.clip_low"),
+    "actor_rollout_ref.actor.clip_ratio_high": _ours("algorithm.clip_high"),
+    "actor_rollout_ref.actor.clip_ratio_c": _ours("algorithm.dual_clip"),
+    "algorithm.filter_groups.enable": _ours("algorithm.dynamic_sampling"),
+    "algorithm.filter_groups.metric": _ours("algorithm.filter_metric"),
+    "algorithm.filter_groups.max_num_gen_batches": _ours("algorithm.max_gen_batches"),
+    "algorithm.kl_ctrl.kl_coef": _ours("algorithm.kl_coef"),
+    "actor_rollout_ref.actor.use_kl_loss": lambda cfg: cfg.algorithm.kl_coef > 0,
+    "actor_rollout_ref.actor.optim.lr": _ours("algorithm.lr"),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": _ours("algorithm.warmup_steps"),
+    "actor_rollout_ref.actor.optim.weight_decay": _ours("algorithm.weight_decay"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": _ours("algorithm.prompts_per_update"),
+    "actor_rollout_ref.actor.ppo_epochs": _ours("algorithm.epochs"),
+    "actor_rollout_ref.actor.entropy_coeff": _ours("algorithm.entropy_coef"),
+    "actor_rollout_ref.actor.grad_clip": _ours("algorithm.grad_clip"),
+    "actor_rollout_ref.actor.loss_agg_mode": _ours("algorithm.loss_agg"),
+    "actor_rollout_ref.rollout.n": _ours("algorithm.rollouts_per_prompt"),
+    "actor_rollout_ref.rollout.temperature": _ours("rollout.temperature"),
+    "actor_rollout_ref.rollout.top_p": _ours("rollout.top_p"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": _ours("rollout.tensor_parallel"),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": _validation("temperature"),
+    "actor_rollout_ref.rollout.val_kwargs.top_p": _validation("top_p"),
+    "actor_rollout_ref.rollout.val_kwargs.n": _ours("validation.n"),
+    "reward_model.overlong_buffer.enable": lambda cfg: cfg.algorithm.overlong_buffer > 0,
+    "reward_model.overlong_buffer.len": _ours("algorithm.overlong_buffer"),
+    "reward_model.overlong_buffer.penalty_factor": _ours("algorithm.overlong_factor"),
+    "reward_model.reward_manager": _ours("verifier.mode"),
+    "trainer.test_freq": _ours("logging.eval_every"),
+    "trainer.save_freq": _ours("logging.save_every"),
+}
+# What the trainer always does, with no key to set (docs/reference_differences.md)
+REFERENCE_FIXED = {"algorithm.adv_estimator": "grpo", "data.truncation": "left",
+                   "actor_rollout_ref.rollout.top_k": -1,
+                   "actor_rollout_ref.actor.optim.warmup_style": "constant"}
+PAPER_PRESETS = {"dapo_nodyn_bs_64.sh": "dapo_nodyn_bs64", "official_dapo.sh": "dapo_official",
+                 "rlep_training.sh": "rlep_qwen25_math_7b"}
+
+
+@pytest.mark.parametrize("script", PAPER_PRESETS)
+def test_paper_presets_train_as_the_reference_scripts(script):
+    import yaml
+
+    reference = yaml.safe_load((Path(__file__).parent / "reference" / "recipes.yaml").read_text())
+    values = reference[script]
+    assert values.keys() == REFERENCE_KEYS.keys() | REFERENCE_FIXED.keys(), \
+        "map every key of tests/reference/recipes.yaml to the config, or list it as fixed"
+    cfg = compose([f"experiment={PAPER_PRESETS[script]}"])
+    differ = {key: (want, REFERENCE_KEYS[key](cfg)) for key, want in values.items()
+              if key in REFERENCE_KEYS and REFERENCE_KEYS[key](cfg) != want}
+    assert not differ, f"{PAPER_PRESETS[script]} differs from {script}: {differ}"
+    assert all(values[key] == fixed for key, fixed in REFERENCE_FIXED.items())
+    assert cfg.algorithm.warmup_from_zero, "verl steps its scheduler after the update: LR 0 first"

@@ -95,7 +95,7 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS, prompt_le
 @pytest.mark.parametrize("engine", ["transformers", "vllm"])
 def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
     # prompts (about 190 tokens) are cut to 150: engine and actor must see the same ids
-    train(assets, tmp_path / "run", "data.eval_samples=2", "data.max_prompt_length=150",
+    train(assets, tmp_path / "run", "validation.n=2", "data.max_prompt_length=150",
           engine=engine)
     lines = check_batches(tmp_path / "run", *assets, prompt_length=150)
     assert "val/acc" in lines[0] and "val/acc" in lines[-1]

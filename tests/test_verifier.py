@@ -198,3 +198,29 @@ def test_reward_is_plus_minus_one_plus_penalty():
 def test_unknown_mode_is_one_sentence():
     with pytest.raises(ValueError, match="verifier mode='exact' is unknown"):
         Verifier("exact")
+
+
+# Ground-truth forms found in ../shared/data (docs/reference_differences.md, "Ground truths"):
+# (answer, ground truth as a file may give it, the DAPO rule's verdict, math mode's verdict).
+# The loader already turns AIME's "025" and AMC's 27.0 into "25" and "27" (tests/test_data.py).
+GROUND_TRUTH_FORMS = [
+    ("025", "25", False, True),  # a leading zero in the answer
+    ("25", "025", False, True),  # in the truth, as aime24.jsonl writes it before loading
+    ("27", "27.0", False, True),  # amc23.jsonl's floats, before loading
+    ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}", False, True),  # MATH-500: shorthand + unit
+    ("90", "90^\\circ", True, True),
+    ("Evelyn", "\\text{Evelyn}", True, True),
+    ("5", "5\\text{ cm}", True, True),
+    ("3,159", "3159", True, True),
+    ("\\dfrac{1}{2}", "\\frac{1}{2}", False, True),
+    ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", False, True),
+]
+
+
+@pytest.mark.parametrize("answer, truth, dapo, math", GROUND_TRUTH_FORMS)
+def test_ground_truth_forms_under_both_rules(math_verifier, answer, truth, dapo, math):
+    response = f"Let me compute.\nAnswer: {answer}"
+    assert dapo_verdict(response, truth)[0] is dapo
+    assert math_verifier.verdict(response, truth)[0] is math
+    if (Path(sysconfig.get_paths()["purelib"]) / "verl").is_dir():
+        assert bool(_reference_rule()(response, truth)["acc"]) is dapo  # the reference agrees
