@@ -169,10 +169,18 @@ def run_stage(stage: Stage, log: Path, index: int, count: int, started: float,
     from tqdm.auto import tqdm
 
     log.parent.mkdir(parents=True, exist_ok=True)
-    live = sys.stderr.isatty()  # in a log file, a line per unit of progress, not per second
-    bar = tqdm(total=stage.total, unit=stage.unit, desc=f"[{index}/{count}] {stage.name}",
-               disable=not progress, dynamic_ncols=True, mininterval=1 if live else 3600,
-               initial=min(stage.count(), stage.total))
+    live = sys.stderr.isatty()  # a bar on a terminal; in a log file a line per finished unit
+    name = f"[{index}/{count}] {stage.name}"
+    bar = tqdm(total=stage.total, unit=stage.unit, desc=name, disable=not (progress and live),
+               dynamic_ncols=True, mininterval=1, initial=min(stage.count(), stage.total))
+
+    def advance():
+        done = min(stage.count(), stage.total)
+        if done > bar.n and progress and not live:
+            print(f"{name}: {done}/{stage.total} {stage.unit} "
+                  f"(demo {_clock(time.perf_counter() - started)})", file=sys.stderr, flush=True)
+        bar.update(done - bar.n)
+
     begin = time.perf_counter()
     with log.open("a") as sink:
         sink.write(f"\n$ {' '.join(stage.argv)}\n")
@@ -191,13 +199,12 @@ def run_stage(stage: Stage, log: Path, index: int, count: int, started: float,
             while child.poll() is None:
                 time.sleep(1.0)
                 bar.set_postfix_str(f"demo {_clock(time.perf_counter() - started)}", refresh=False)
-                bar.update(min(stage.count(), stage.total) - bar.n)
-                if live:
-                    bar.refresh()
+                advance()
+                bar.refresh()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-    bar.update(min(stage.count(), stage.total) - bar.n)
+    advance()
     bar.close()
     if stopping:
         raise Interrupted(stage.name)

@@ -3,6 +3,7 @@ its report checked against the files the stages logged; rerun, resume and refusa
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     assert not (out / "stages.json").exists()
     done = demo(out)
     assert done.returncode == 0, done.stderr[-3000:]
+    # stderr is no terminal here: one line per finished unit of progress, as in a Slurm log
+    assert re.search(r"^\[3/5\] rlep: 2/2 step \(demo \d+:\d\d\)$", done.stderr, re.M), done.stderr
     report = json.loads((out / "report.json").read_text())
     for name in ("curves.png", "pool.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -109,6 +112,11 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
         samples = (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines()
         assert len(samples) == 8 * 2
         assert 0 < r["wall_s"] <= report["total_seconds"]
+    # the effective M: replays per group, as the RLEP run logged them
+    logged = [json.loads(line) for line in (out / "rlep" / "metrics.jsonl").read_text().splitlines()]
+    per_group = [r["train/replays_per_group"] for r in logged if "train/replays_per_group" in r]
+    assert runs["rlep"]["effective_m"] == pytest.approx(sum(per_group) / len(per_group))
+    assert 0 < runs["rlep"]["distinct_replays"] <= runs["rlep"]["effective_m"] <= 2
     # both runs start from the same base model with the same seed
     assert runs["baseline"]["curve"][0] == runs["rlep"]["curve"][0]
     peak = runs["baseline"]["peak"]
