@@ -9,7 +9,9 @@ of the machine hits both alike; the result is the ratio of their token throughpu
 
 With ``--compile`` it times the Megatron-Core step twice instead: with ``torch.compile`` on
 (Megatron-Core's ``jit_fuser`` compiles its fused functions) and off (what the CPU shims do),
-and reports the first, compiling, step of each too.
+and reports the first, compiling, step of each too. With ``--short-prompt N`` it times the
+Megatron-Core step on the batch against the same batch with N-token prompts (the answers
+unchanged): what a shorter prompt saves per update.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true",
                         help="Megatron-Core step with torch.compile on against off")
+    parser.add_argument("--short-prompt", type=int, default=None,
+                        help="Megatron-Core step with --prompt tokens against this many")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -88,6 +92,12 @@ def main():
 
     if args.compile:
         steps = (("compiled", lambda: with_dynamo(False)), ("eager", lambda: with_dynamo(True)))
+    elif args.short_prompt:
+        short = make_batch(args.sequences, args.short_prompt, args.response,
+                           actor.hf_config.vocab_size)
+        short.old_logp, _ = actor.logprobs(short)
+        steps = ((f"prompt_{args.prompt}", lambda: actor.train_step(batch)),
+                 (f"prompt_{args.short_prompt}", lambda: actor.train_step(short)))
     else:
         steps = (("megatron", lambda: actor.train_step(batch)),
                  ("transformers", lambda: plain_step(model, optimizer, batch, algorithm)))
@@ -106,6 +116,7 @@ def main():
                      "first_step_s": first[name]} for name, t in times.items()}
     (a, _), (b, _) = steps
     result[f"ratio_{a}_over_{b}"] = result[a]["tokens_per_s"] / result[b]["tokens_per_s"]
+    result[f"seconds_{a}_over_{b}"] = result[a]["median_s"] / result[b]["median_s"]
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
                        "response": args.response, "micro_batch_size": args.micro_batch_size,
                        "threads": torch.get_num_threads(), "repeats": args.repeats}

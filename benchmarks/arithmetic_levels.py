@@ -1,30 +1,39 @@
 """Pass rate of the built-in model on each level of the built-in task (test split).
 
-    python benchmarks/arithmetic_levels.py [--questions 12] [--samples 8] [--max-tokens 64]
+    python benchmarks/arithmetic_levels.py [--questions 32] [--samples 4] [--max-tokens 64] \
+        [--engine auto|vllm|transformers]
 
-Samples at temperature 1.0, top-p 1.0 with the transformers engine, scores with the DAPO rule,
-prints a Markdown table (level, pass rate, standard error, seconds) and writes it as JSON.
+Samples at temperature 1.0, top-p 1.0 with the rollout engine (``auto``: vLLM where it imports),
+scores with the DAPO rule, prints a Markdown table (level, pass rate, standard error, seconds)
+and writes it as JSON.
 """
 
 import argparse
 import json
 import math
+import re
 import time
 
+import torch
+
 from megatron_rlep import arithmetic
-from megatron_rlep.rollout import TransformersEngine, encode_prompt
+from megatron_rlep.builtin_model import resolve_model_path
+from megatron_rlep.config import RolloutConfig
+from megatron_rlep.rollout import encode_prompt, make_engine
 from megatron_rlep.verifier import Verifier
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=12)
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--questions", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--levels", type=int, nargs="*", default=sorted(arithmetic.LEVELS))
     parser.add_argument("--json", default="arithmetic_levels.json")
+    parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "transformers"])
     args = parser.parse_args()
-    engine = TransformersEngine("smollm2-135m", batch_size=64)
+    engine = make_engine(RolloutConfig(engine=args.engine), resolve_model_path("smollm2-135m"),
+                         torch.float32, seed=0, max_model_len=512)
     verifier = Verifier("dapo")
     rows = []
     print("| level | example | pass rate | std. error | samples | seconds |")
@@ -40,7 +49,7 @@ def main():
         rate = sum(verdicts) / len(verdicts)
         stderr = math.sqrt(rate * (1 - rate) / len(verdicts))
         seconds = time.time() - start
-        problem = examples[0].question.split("$")[3]
+        problem = re.search(r"\$(.+?)\$", examples[0].question).group(1)
         rows.append(dict(level=level, example=problem, pass_rate=rate, stderr=stderr,
                          samples=len(verdicts), seconds=seconds))
         print(f"| {level} | ${problem}$ | {rate:.1%} | {stderr:.1%} | {len(verdicts)} | "

@@ -2,8 +2,10 @@
 
 Problems are drawn from a seeded generator per difficulty level. A problem belongs to the test
 split when a hash of its text falls in the test bucket (1 in 8), to the train split otherwise,
-so the splits are disjoint by construction and the same for every seed. Each prompt is one
-worked example followed by the question, both user turns in the DAPO template. Levels run from
+so the splits are disjoint by construction and the same for every seed. Each prompt is a
+one-line system message asking for the DAPO rule's "Answer:" line, one worked example, then the
+question: about 74 tokens with SmolLM2's chat template (the DAPO template twice, after the
+model's default system prompt, made 186, ten times a typical answer). Levels run from
 one-digit sums to multi-step expressions; ``docs/arithmetic_levels.md`` records how often the
 built-in model solves each.
 
@@ -15,12 +17,14 @@ from __future__ import annotations
 import hashlib
 import random
 
-from megatron_rlep.data import DataError, Example, dapo_prompt
+from megatron_rlep.data import DataError, Example
 
 TEST_BUCKETS = 8  # one bucket of eight is the test split
 # One worked example before each question shows the 135M model the "Answer:" line format.
 DEMONSTRATION = (
-    dapo_prompt("Compute $12 + 5$.")[0],
+    {"role": "system", "content": "Solve the problem. Put the final answer on its own line "
+                                  "after \"Answer:\"."},
+    {"role": "user", "content": "Compute $12 + 5$."},
     {"role": "assistant", "content": "12 + 5 = 17.\nAnswer: 17"},
 )
 
@@ -91,7 +95,7 @@ def examples(split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0)
             continue
         seen.add(expression)
         problem = f"Compute ${expression}$."
-        prompt = DEMONSTRATION + dapo_prompt(problem)
+        prompt = DEMONSTRATION + ({"role": "user", "content": problem},)
         out.append(Example(f"L{level}-{len(out)}", prompt, str(answer),
                            f"arithmetic-L{level}"))
     return out

@@ -95,9 +95,9 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS, prompt_le
 @pytest.mark.parametrize("engine", ["transformers", "vllm"])
 def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
     # prompts (about 190 tokens) are cut to 150: engine and actor must see the same ids
-    train(assets, tmp_path / "run", "validation.n=2", "data.max_prompt_length=150",
+    train(assets, tmp_path / "run", "validation.n=2", "data.max_prompt_length=60",
           engine=engine)
-    lines = check_batches(tmp_path / "run", *assets, prompt_length=150)
+    lines = check_batches(tmp_path / "run", *assets, prompt_length=60)
     assert "val/acc" in lines[0] and "val/acc" in lines[-1]
     # held-out sets through megatron_rlep.metrics: per set and, for several sources, per source
     for key in ("val/arithmetic/mean@2", "val/arithmetic/pass@2", "val/arithmetic/maj@2",
