@@ -201,6 +201,7 @@ class DemoConfig:
     min_correct: int = 2
     pool_dedupe: bool = False  # short arithmetic answers repeat word for word: keep them all
     eval_samples: int = 4  # answers per held-out question in the final evaluation
+    threshold: float = 0.6  # the report's fixed accuracy for steps-to-threshold
     wandb: str = "disabled"  # online | offline | disabled, for both runs and the evaluations
     progress: bool = True
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from megatron_rlep import jobs
+from megatron_rlep import jobs, paired
 from megatron_rlep.config import Config, ConfigError, DemoConfig, compose
 from megatron_rlep.files import write_json_atomic, write_text_atomic
 
@@ -236,8 +236,13 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
     """report.json / report.md / curves.png / pool.png from the stages' own files."""
     py, logs = sys.executable, out / "logs"
     _tool([py, str(ROOT / "tools" / "plot.py"), *(str(out / r) for r in RUNS), "--names", *RUNS,
-           "--metric", "val/acc", "-o", str(out / "curves.png")], logs / "report.log")
-    curves = json.loads((out / "curves.json").read_text())["runs"]
+           "--metric", "val/acc", "-o", str(out / "curves.png"), "--paired",
+           "--threshold", str(cfg.threshold), "--seed", str(cfg.seed)], logs / "report.log")
+    drawn = json.loads((out / "curves.json").read_text())
+    curves, compared = drawn["runs"], drawn["paired"]
+    final = paired.difference(*(paired.question_accuracy(
+        json.loads(line) for line in (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines())
+        for run in RUNS), seed=cfg.seed)
     pool = json.loads(_tool([py, str(ROOT / "tools" / "pool.py"), "stats", str(out / "pool"),
                              "--json", "--plot", str(out / "pool.png")], logs / "report.log"))
     runs = {}
@@ -267,6 +272,9 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
                      "max_response_length": train.rollout.max_response_length, "lr": a.lr},
         "runs": runs,
         "rlep_steps_to_baseline_peak": curves["rlep"]["reaches_peak_of"]["baseline"],
+        "paired": {"validation": compared["per_step"], "area": compared["area"],
+                   "to_threshold": compared["to_threshold"], "evaluation": final,
+                   "questions": compared["questions"]},
         "pool": {k: pool[k] for k in ("questions", "trajectories", "candidates_per_question",
                                       "mean_pass_rate")},
         "stage_seconds": {k: round(v, 1) for k, v in seconds.items()},
@@ -308,6 +316,7 @@ def markdown(report: dict) -> str:
               "question with fewer gets fresh rollouts in the free slots): an effective M of "
               f"{rlep['effective_m']:.2f} replays per group, {rlep['distinct_replays']:.2f} of "
               "them distinct texts.", ""]
+    lines += paired_lines(report["paired"])
     p = report["pool"]
     rate = f" (their pass rate when sampled: {p['mean_pass_rate']:.3f} on average)" \
         if p["mean_pass_rate"] is not None else ""
@@ -320,6 +329,32 @@ def markdown(report: dict) -> str:
               "Validation accuracy is `val/acc` of each run's `metrics.jsonl`; evaluation numbers "
               "are `all` of `eval-<run>/metrics.json`, ± one standard error over questions.", ""]
     return "\n".join(lines)
+
+
+def paired_lines(c: dict) -> list[str]:
+    """The report's comparison: RLEP minus baseline with 95% paired bootstrap intervals."""
+    def d(x):
+        return f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+
+    def reach(run):
+        step = run["step"]
+        span = f"{run['low']}-{run['high']}" if run["low"] is not None else "never"
+        return (f"step {step}" if step is not None else "not reached") + \
+            f" (95%: {span}; reached in {run['reached_share']:.0%} of resamples)"
+
+    t = c["to_threshold"]
+    lines = [f"RLEP minus baseline on the same {c['questions']} held-out questions and sampling "
+             "seeds, with 95% intervals from a paired bootstrap over questions:", "",
+             "| step | baseline | RLEP | RLEP - baseline [95%] |", "|---|---|---|---|"]
+    lines += [f"| {p['step']} | {p['a']:.3f} | {p['b']:.3f} | {d(p)} |" for p in c["validation"]]
+    lines += ["", f"- Area under the validation curve (mean accuracy over training): baseline "
+              f"{c['area']['a']:.3f}, RLEP {c['area']['b']:.3f}, difference {d(c['area'])}.",
+              f"- Final evaluation ({c['evaluation']['questions']} questions): {d(c['evaluation'])}.",
+              f"- First step at accuracy {t['fixed']['level']:.2f}: baseline "
+              f"{reach(t['fixed']['a'])}, RLEP {reach(t['fixed']['b'])}.",
+              f"- First step at the baseline's best ({t['a_best']['level']:.3f}): baseline "
+              f"{reach(t['a_best']['a'])}, RLEP {reach(t['a_best']['b'])}.", ""]
+    return lines
 
 
 def run(cfg: DemoConfig, extra: list[str]) -> dict:

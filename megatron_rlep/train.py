@@ -34,6 +34,7 @@ from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import Example, load_examples
+from megatron_rlep.files import write_text_atomic
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
                                   score_groups)
 from megatron_rlep.loss import rollout_mismatch
@@ -238,11 +239,13 @@ class Trainer:
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         return float(diff)
 
-    def validate(self) -> dict:
+    def validate(self, step: int) -> dict:
         """mean@n, pass@n and maj@n (n = validation.n) per held-out set and data source
         (megatron_rlep/metrics.py); ``val/acc`` is the mean of the sets' mean@n. Every
-        validation samples with the same seeds, so points of a run, and of two runs, are paired."""
-        n, out, accs = self.cfg.validation.n, {}, []
+        validation samples with the same seeds, so points of a run, and of two runs, are paired;
+        every answer's verdict goes to ``run_dir/validation/step-XXXXXX.jsonl`` for paired
+        statistics (megatron_rlep/paired.py)."""
+        n, out, accs, record = self.cfg.validation.n, {}, [], []
         for name, examples in self.eval_sets.items():
             completions = generate_sharded(
                 self.engine, [self._prompt_ids(e) for e in examples], [n] * len(examples),
@@ -253,6 +256,7 @@ class Trainer:
                     for j, (ok, pred) in enumerate(self.verifier.verdict(c.text, e.ground_truth)
                                                    for c in group)]
             result = metrics.compute(rows)
+            record += [dict(row, id=f"{name}/{row['id']}") for row in rows]
             for source, m in result.items():
                 if len(result) == 2 and source != "all":
                     continue  # one data source: its numbers are the set's
@@ -263,6 +267,10 @@ class Trainer:
                     out[f"{prefix}/maj@{n}"] = m["maj@k"][str(n)]
             accs.append(result["all"]["mean@n"])
         out["val/acc"] = sum(accs) / len(accs) if accs else None
+        if is_rank0():
+            (self.run_dir / "validation").mkdir(parents=True, exist_ok=True)
+            write_text_atomic("".join(json.dumps(r) + "\n" for r in record),
+                              self.run_dir / "validation" / f"step-{step:06d}.jsonl")
         return out
 
     def _validation(self) -> dict:
@@ -297,7 +305,7 @@ class Trainer:
                 step = self.step
                 metrics = {}
                 if every and step == 0:
-                    monitor.log(0, self.validate(), advance=False)  # the untrained policy
+                    monitor.log(0, self.validate(0), advance=False)  # the untrained policy
                 t0 = time.perf_counter()
                 groups, info = self.gather_groups(step)
                 t1 = time.perf_counter()
@@ -307,7 +315,7 @@ class Trainer:
                 metrics.update(self.sync_weights() if updates else {})
                 self.step += 1
                 if every and (self.step % every == 0 or self.step == a.total_steps):
-                    metrics.update(self.validate())
+                    metrics.update(self.validate(self.step))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
                 metrics["time/step_s"] = time.perf_counter() - t0
                 if cfg.logging.dump_batches and is_rank0():

@@ -112,6 +112,16 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
         samples = (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines()
         assert len(samples) == 8 * 2
         assert 0 < r["wall_s"] <= report["total_seconds"]
+    # the paired comparison: each point is the two logged curves' values, the final one the
+    # two evaluations' mean@n, each difference inside its interval
+    compared = report["paired"]
+    assert [(p["step"], p["a"], p["b"]) for p in compared["validation"]] == pytest.approx([
+        (s, a, b) for (s, a), (_, b) in zip(runs["baseline"]["curve"], runs["rlep"]["curve"])])
+    for p in [*compared["validation"], compared["area"], compared["evaluation"]]:
+        assert p["low"] - 1e-12 <= p["diff"] <= p["high"] + 1e-12
+    assert compared["evaluation"]["diff"] == pytest.approx(
+        runs["rlep"]["eval"]["mean@n"] - runs["baseline"]["eval"]["mean@n"])
+    assert compared["questions"] == 8 and "95% intervals" in (out / "report.md").read_text()
     # the effective M: replays per group, as the RLEP run logged them
     logged = [json.loads(line) for line in (out / "rlep" / "metrics.jsonl").read_text().splitlines()]
     per_group = [r["train/replays_per_group"] for r in logged if "train/replays_per_group" in r]

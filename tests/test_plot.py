@@ -37,3 +37,39 @@ def test_missing_run_is_one_clear_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error:") and "metrics.jsonl" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def write_validation(path: Path, right: dict[int, set]):
+    """Per-answer records of 4 questions x 2 answers: question q is right at step s if in right[s]."""
+    (path / "validation").mkdir()
+    for step, ok in right.items():
+        rows = [{"data_source": "d", "id": f"arithmetic/{q}", "sample_index": j, "correct": q in ok}
+                for q in range(4) for j in range(2)]
+        (path / "validation" / f"step-{step:06d}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_paired_runs_get_bands_and_the_difference_with_its_interval(tmp_path):
+    write_run(tmp_path / "baseline", {0: 0.25, 2: 0.5})
+    write_run(tmp_path / "rlep", {0: 0.25, 2: 0.75})
+    write_validation(tmp_path / "baseline", {0: {0}, 2: {0, 1}})
+    write_validation(tmp_path / "rlep", {0: {0}, 2: {0, 1, 2}})
+    out = tmp_path / "curves.png"
+    result = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "baseline"),
+                             str(tmp_path / "rlep"), "-o", str(out), "--paired",
+                             "--threshold", "0.7"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 10_000
+    compared = json.loads(out.with_suffix(".json").read_text())["paired"]
+    assert [(p["step"], p["diff"]) for p in compared["per_step"]] == [(0, 0.0), (2, 0.25)]
+    assert compared["area"]["diff"] == 0.125  # (0 + 0.25) / 2 over two steps
+    assert compared["to_threshold"]["fixed"]["b"]["step"] == 2
+    assert compared["to_threshold"]["fixed"]["a"]["step"] is None
+    # a run without per-answer records cannot be paired: one line
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "metrics.jsonl").write_text((tmp_path / "rlep" / "metrics.jsonl").read_text())
+    result = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "baseline"),
+                             str(tmp_path / "bare"), "--paired", "-o", str(out)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "validation" in result.stderr

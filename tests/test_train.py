@@ -94,7 +94,7 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS, prompt_le
 @pytest.mark.e2e
 @pytest.mark.parametrize("engine", ["transformers", "vllm"])
 def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
-    # prompts (about 190 tokens) are cut to 150: engine and actor must see the same ids
+    # prompts (about 74 tokens) are cut to 60: engine and actor must see the same ids
     train(assets, tmp_path / "run", "validation.n=2", "data.max_prompt_length=60",
           engine=engine)
     lines = check_batches(tmp_path / "run", *assets, prompt_length=60)
@@ -105,6 +105,15 @@ def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
         assert key in lines[-1], key
     assert lines[-1]["val/arithmetic/pass@2"] >= lines[-1]["val/arithmetic/mean@2"]
     assert lines[-1]["val/acc"] == lines[-1]["val/arithmetic/mean@2"]
+    # every validation's verdicts, per answer, for paired statistics: the same questions each time
+    from megatron_rlep.paired import question_accuracy
+
+    for line in (lines[0], lines[-1]):
+        rows = [json.loads(r) for r in (tmp_path / "run" / "validation" /
+                                        f"step-{line['step']:06d}.jsonl").read_text().splitlines()]
+        assert len(rows) == 4 * 2 and {r["sample_index"] for r in rows} == {0, 1}
+        acc = question_accuracy(rows)
+        assert len(acc) == 4 and sum(acc.values()) / 4 == line["val/acc"]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
     record = next((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
     assert b"replay_per_prompt" in record  # the resolved config

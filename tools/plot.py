@@ -1,10 +1,16 @@
 """Curves of several runs on one figure, from their ``metrics.jsonl``.
 
     python tools/plot.py RUN_DIR [RUN_DIR ...] -o curves.png [--metric val/acc] [--smooth K]
+    python tools/plot.py BASELINE RLEP -o curves.png --paired [--threshold 0.6]
 
 Draws the metric against step for every run, marks each run's peak, and marks where a run first
 reaches another run's peak (the paper's "RLEP reaches the baseline's peak at step 135").
 Writes the same numbers to ``curves.json`` next to the PNG.
+
+``--paired`` compares two runs validated on the same questions with the same seeds from their
+per-answer records (``RUN/validation/step-*.jsonl``): each run's accuracy gets a 95% band, a
+second panel draws the second run minus the first with its paired bootstrap interval, and
+``curves.json`` holds megatron_rlep/paired.py's ``curves`` (per step, area, steps-to-threshold).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def read_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
@@ -27,6 +35,20 @@ def read_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
             if record.get(metric) is not None:
                 points[record["step"]] = float(record[metric])  # a resumed step: the last wins
     return sorted(points.items())
+
+
+def read_validation(run_dir: Path) -> dict[int, dict[str, float]]:
+    """{step: {question: accuracy}} from a run's per-answer validation records."""
+    from megatron_rlep.paired import question_accuracy
+
+    out = {}
+    for path in sorted((run_dir / "validation").glob("step-*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        out[int(path.stem.split("-")[1])] = question_accuracy(rows)
+    if not out:
+        raise FileNotFoundError(f"{run_dir / 'validation'} holds no step-*.jsonl; --paired needs "
+                                "runs whose trainer wrote per-answer validation records")
+    return out
 
 
 def smooth(values: list[float], k: int) -> list[float]:
@@ -55,18 +77,28 @@ def summarise(curves: dict[str, list[tuple[int, float]]]) -> dict:
     return out
 
 
-def plot(curves: dict, summary: dict, metric: str, output: Path) -> None:
+def plot(curves: dict, summary: dict, metric: str, output: Path, compared: dict | None = None
+         ) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, points in curves.items():
+    if compared is None:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+    else:
+        fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.4), sharex=True,
+                                        gridspec_kw={"height_ratios": [3, 2]})
+    for index, (name, points) in enumerate(curves.items()):
         if not points:
             continue
         steps, values = zip(*points)
         (line,) = ax.plot(steps, values, marker="o", markersize=3, label=name)
+        if compared is not None:  # the run's own 95% interval over held-out questions
+            run = "ab"[index]
+            per = compared["per_step"]
+            ax.fill_between([p["step"] for p in per], [p[f"{run}_low"] for p in per],
+                            [p[f"{run}_high"] for p in per], color=line.get_color(), alpha=0.15)
         s = summary[name]
         ax.scatter([s["peak_step"]], [s["peak"]], s=90, marker="*", color=line.get_color(),
                    zorder=5)
@@ -79,10 +111,21 @@ def plot(curves: dict, summary: dict, metric: str, output: Path) -> None:
                             rotation=90, fontsize=7, va="bottom", ha="right",
                             color=line.get_color())
     ax.margins(x=0.12, y=0.12)  # room for the peak labels at the edges
-    ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if compared is not None:
+        a, b = list(curves)
+        per = compared["per_step"]
+        steps = [p["step"] for p in per]
+        below.axhline(0, color="gray", linewidth=1)
+        below.plot(steps, [p["diff"] for p in per], marker="o", markersize=3, color="black")
+        below.fill_between(steps, [p["low"] for p in per], [p["high"] for p in per],
+                           color="black", alpha=0.15)
+        below.set_ylabel(f"{b} - {a}\n(95% paired interval)", fontsize=8)
+        below.grid(alpha=0.3)
+        ax = below
+    ax.set_xlabel("step")
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
@@ -96,23 +139,38 @@ def main(argv=None) -> int:
     parser.add_argument("--metric", default="val/acc")
     parser.add_argument("--smooth", type=int, default=1, help="trailing mean over K points")
     parser.add_argument("--names", nargs="*", help="legend names (default: directory names)")
+    parser.add_argument("--paired", action="store_true",
+                        help="two runs: bands and the paired difference (see above)")
+    parser.add_argument("--threshold", type=float, default=0.5,
+                        help="with --paired: the fixed accuracy of steps-to-threshold")
+    parser.add_argument("--seed", type=int, default=0, help="with --paired: bootstrap seed")
     args = parser.parse_args(argv)
     names = args.names or [r.name for r in args.runs]
     if len(names) != len(args.runs):
         print("error: --names needs one name per run directory", file=sys.stderr)
         return 2
+    if args.paired and len(args.runs) != 2:
+        print("error: --paired compares exactly two run directories", file=sys.stderr)
+        return 2
+    compared = None
     try:
         raw = {n: read_curve(r, args.metric) for n, r in zip(names, args.runs)}
-    except FileNotFoundError as err:
+        if args.paired:
+            from megatron_rlep.paired import curves as paired_curves
+
+            compared = paired_curves(*(read_validation(r) for r in args.runs), args.threshold,
+                                     seed=args.seed)
+    except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     curves = {n: list(zip([s for s, _ in p], smooth([v for _, v in p], args.smooth)))
               for n, p in raw.items()}
     summary = summarise(curves)
     plot(curves, summary, args.metric + (f" (mean of {args.smooth})" if args.smooth > 1 else ""),
-         args.output)
+         args.output, compared)
     args.output.with_suffix(".json").write_text(json.dumps(
-        {"metric": args.metric, "smooth": args.smooth, "runs": summary}, indent=1) + "\n")
+        {"metric": args.metric, "smooth": args.smooth, "runs": summary, "paired": compared},
+        indent=1) + "\n")
     print(json.dumps({n: {k: v for k, v in s.items() if k != "curve"} for n, s in summary.items()}))
     return 0
 

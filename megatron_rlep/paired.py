@@ -1,0 +1,117 @@
+"""Paired comparison of two runs on the same held-out questions, by bootstrap over questions.
+
+Both runs answer the same questions with the same sampling seeds at every validation, so their
+difference is paired: a question's noise is shared. Each statistic is computed on the questions
+as they are, then on ``reps`` resamples of the questions (with replacement, the same resample
+for both runs and for every step of a curve); the 95% interval is the 2.5th and 97.5th
+percentile of the resampled values.
+
+* ``difference``: mean accuracy of B minus A, per question set (a validation point, or the
+  final evaluation).
+* ``curves``: the same at every common validation step (with each run's own interval too);
+  the difference of the areas under the curves (trapezoids, divided by the steps spanned: a
+  mean accuracy over training); and the first step at which each run reaches a threshold (a
+  fixed accuracy, or A's best), with the share of resamples in which it does.
+
+Input: ``{question id: accuracy}`` per run (the mean over that question's answers). Pure
+functions; no files.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def question_accuracy(rows) -> dict[str, float]:
+    """Mean correctness per question from rows with ``id`` (and ``data_source``) and ``correct``."""
+    totals: dict[str, list[int]] = {}
+    for row in rows:
+        key = f"{row.get('data_source', '')}/{row['id']}"
+        totals.setdefault(key, [0, 0])
+        totals[key][0] += bool(row["correct"])
+        totals[key][1] += 1
+    return {key: right / n for key, (right, n) in totals.items()}
+
+
+def resamples(questions: list[str], reps: int, seed: int) -> list[list[str]]:
+    """``reps`` draws of len(questions) questions with replacement, the first one unresampled."""
+    rng = random.Random(seed)
+    return [questions] + [rng.choices(questions, k=len(questions)) for _ in range(reps)]
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles (nearest rank)."""
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    return ordered[round(0.025 * last)], ordered[round(0.975 * last)]
+
+
+def _mean(acc: dict[str, float], sample: list[str]) -> float:
+    return sum(acc[q] for q in sample) / len(sample)
+
+
+def _common(a: dict, b: dict) -> list[str]:
+    questions = sorted(a.keys() & b.keys())
+    if not questions or len(questions) != len(a) or len(questions) != len(b):
+        raise ValueError(f"a paired comparison needs the same questions in both runs "
+                         f"({len(a)} and {len(b)}, {len(questions)} in common)")
+    return questions
+
+
+def difference(a: dict[str, float], b: dict[str, float], reps: int = 2000, seed: int = 0) -> dict:
+    """B's mean accuracy minus A's, with its bootstrap interval."""
+    draws = resamples(_common(a, b), reps, seed)
+    diffs = [_mean(b, s) - _mean(a, s) for s in draws]
+    low, high = interval(diffs[1:])
+    return {"diff": diffs[0], "low": low, "high": high, "questions": len(draws[0])}
+
+
+def area(steps: list[int], values: list[float]) -> float:
+    """Trapezoid area under (steps, values) over the steps spanned (the value itself for one step)."""
+    if len(steps) == 1:
+        return values[0]
+    total = sum((s1 - s0) * (v0 + v1) / 2
+                for s0, s1, v0, v1 in zip(steps, steps[1:], values, values[1:]))
+    return total / (steps[-1] - steps[0])
+
+
+def first_step(steps: list[int], values: list[float], threshold: float):
+    return next((s for s, v in zip(steps, values) if v >= threshold - 1e-12), None)
+
+
+def curves(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], threshold: float,
+           reps: int = 2000, seed: int = 0) -> dict:
+    """Per common step, the area and steps-to-threshold, each with its interval (see above)."""
+    steps = sorted(a.keys() & b.keys())
+    if not steps:
+        raise ValueError("the two runs have no validation step in common")
+    questions = _common(a[steps[0]], b[steps[0]])
+    for s in steps:
+        _common(a[s], b[s])
+    draws = resamples(questions, reps, seed)
+    curve_a = [[_mean(a[s], d) for s in steps] for d in draws]
+    curve_b = [[_mean(b[s], d) for s in steps] for d in draws]
+    out = {"steps": steps, "per_step": [], "questions": len(questions)}
+    for i, s in enumerate(steps):
+        diffs = [cb[i] - ca[i] for ca, cb in zip(curve_a, curve_b)]
+        low, high = interval(diffs[1:])
+        (a_low, a_high), (b_low, b_high) = (interval([c[i] for c in curve[1:]])
+                                            for curve in (curve_a, curve_b))
+        out["per_step"].append({"step": s, "a": curve_a[0][i], "b": curve_b[0][i],
+                                "diff": diffs[0], "low": low, "high": high, "a_low": a_low,
+                                "a_high": a_high, "b_low": b_low, "b_high": b_high})
+    areas = [area(steps, cb) - area(steps, ca) for ca, cb in zip(curve_a, curve_b)]
+    low, high = interval(areas[1:])
+    out["area"] = {"a": area(steps, curve_a[0]), "b": area(steps, curve_b[0]),
+                   "diff": areas[0], "low": low, "high": high}
+    out["to_threshold"] = {}
+    for name, level in (("fixed", lambda ca: threshold), ("a_best", max)):  # A's best: per draw
+        entry = {"level": level(curve_a[0])}
+        for run, curve in (("a", curve_a), ("b", curve_b)):
+            reached = [first_step(steps, c, level(ca)) for c, ca in zip(curve, curve_a)]
+            hits = [r for r in reached[1:] if r is not None]
+            entry[run] = {"step": reached[0], "reached_share": len(hits) / reps,
+                          "low": interval(hits)[0] if hits else None,
+                          "high": interval(hits)[1] if hits else None}
+        out["to_threshold"][name] = entry
+    return out
