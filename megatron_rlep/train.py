@@ -381,6 +381,9 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
         "train/replay_fraction": len(replay) / max(len(every), 1),
         "train/replays_per_group": _mean(len(g.replays) for g in groups),  # the effective M
         "train/distinct_replays_per_group": _mean(len(set(g.replays)) for g in groups),
+        # the replays' share of the advantage mass sum |A|: how much of the update they steer
+        "train/replay_advantage_share": sum(abs(s.advantage) for s in replay) /
+        max(sum(abs(s.advantage) for s in every), 1e-12),
         "train/response_length": _mean(len(s.response_ids) for s in every),
         "train/response_length_fresh": _mean(len(s.response_ids) for s in fresh),
         "train/truncated_fraction": _mean(not s.finished for s in every),

@@ -197,3 +197,32 @@ def test_table_of_several_reports_with_means(tmp_path):
     missing = subprocess.run([sys.executable, str(tool), str(tmp_path)], capture_output=True,
                              text=True)
     assert missing.returncode == 2 and "hold no report.json" in missing.stderr
+
+
+def test_seed_study_pools_the_paired_differences_over_seeds(tmp_path):
+    def diff(x):
+        return {"diff": x, "low": x - 0.1, "high": x + 0.1}
+
+    for seed, (ev, ar) in ((1, (0.10, 0.02)), (2, (0.00, 0.04)), (3, (0.05, 0.06))):
+        out = tmp_path / f"seed-{seed}"
+        (out / "rlep").mkdir(parents=True)
+        (out / "rlep" / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in [{"step": 0}, {"step": 1, "train/replay_advantage_share": 0.2},
+                                                   {"step": 2, "train/replay_advantage_share": 0.4}]))
+        run = {"peak": 0.5, "peak_step": 4, "final": 0.5, "replay_fraction": 0.25, "effective_m": 2.0}
+        (out / "report.json").write_text(json.dumps({
+            "seed": seed, "total_seconds": 600.0, "pool": {"questions": 10, "mean_pass_rate": 0.5},
+            "runs": {"baseline": run, "rlep": run},
+            "paired": {"evaluation": diff(ev), "area": diff(ar), "validation": [diff(0.0)]}}))
+    tool = Path(__file__).resolve().parent.parent / "benchmarks" / "demo_seeds.py"
+    done = subprocess.run([sys.executable, str(tool), "--seeds", "1", "2", "3", "--root",
+                           str(tmp_path), "--json", str(tmp_path / "seeds.json")],
+                          capture_output=True, text=True)  # every seed is there: nothing runs
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "seeds.json").read_text())
+    # eval: mean 0.05, sd 0.05, half-width t(2) 4.303 * 0.05 / sqrt(3) = 0.1242
+    assert result["pooled"]["eval"]["mean"] == pytest.approx(0.05)
+    assert result["pooled"]["eval"]["high"] - 0.05 == pytest.approx(4.303 * 0.05 / 3 ** 0.5)
+    assert result["pooled"]["area"]["mean"] == pytest.approx(0.04)
+    assert [r["replay_advantage_share"] for r in result["seeds"]] == pytest.approx([0.3] * 3)
+    assert "| pooled (3 seeds, 95% t-interval) | +0.050 [-0.074, +0.174] |" in done.stdout
