@@ -113,7 +113,12 @@ def step(model_dir, tp, pp, out):
     logits = actor.logits(torch.tensor(batch.tokens[1])[None])
     actor.save(out / "ckpt", extra={"note": "step test"})
     actor.save_hf(out / "hf")
-    # verl's seq-mean modes: exact over the same micro-batches of 3 and DP shares
+    if rank == 0:
+        save_file(weights, str(out / "weights.safetensors"))
+        torch.save(logits, out / "logits.pt")
+        (out / "metrics.json").write_text(json.dumps(metrics))
+    # verl's seq-mean modes, exact over the same micro-batches of 3 and DP shares; only now,
+    # as the exported tensors above share storage with the weights these updates change
     for mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg=mode)
         now, _ = actor.logprobs(batch)
@@ -124,9 +129,6 @@ def step(model_dir, tp, pp, out):
         expected = (sum(per_seq) / len(per_seq)).item()
         assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), (mode, reported, expected)
     if rank == 0:
-        save_file(weights, str(out / "weights.safetensors"))
-        torch.save(logits, out / "logits.pt")
-        (out / "metrics.json").write_text(json.dumps(metrics))
         print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
 
