@@ -373,13 +373,34 @@ def compose(overrides: list[str] = (), config_name: str = "config"):
     return load_config(raw, schema)
 
 
+# Hydra's own flags that take a value (``--cfg job``), and the values ``--info`` may take
+_HYDRA_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                 "--config-dir", "-cd", "--experimental-rerun"}
+_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def _without_hydra_flags(argv: list[str]) -> list[str]:
+    """The overrides of a command line: Hydra's flags (``-m``, ``--cfg job --resolve``,
+    ``--info``, ``--help``) and their values left out."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg in _HYDRA_VALUED or (arg in ("--info", "-i") and i + 1 < len(argv)
+                                      and argv[i + 1] in _INFO_VALUES):
+            skip = True
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """The jobs of a Hydra command line: sweeps (``key=a,b``) expanded as ``-m`` would, in
     Hydra's order (the last key varies fastest)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    plain = [o for o in overrides if not o.startswith("hydra") and not o.startswith("-")]
+    plain = [o for o in _without_hydra_flags(overrides) if not o.startswith("hydra")]
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except OverrideParseException as err:

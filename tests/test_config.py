@@ -145,3 +145,12 @@ def test_paper_presets_train_as_the_reference_scripts(script):
     assert not differ, f"{PAPER_PRESETS[script]} differs from {script}: {differ}"
     assert all(values[key] == fixed for key, fixed in REFERENCE_FIXED.items())
     assert cfg.algorithm.warmup_from_zero, "verl steps its scheduler after the update: LR 0 first"
+
+
+def test_hydra_flags_print_the_resolved_config():
+    result = subprocess.run([sys.executable, "-m", "megatron_rlep.quickstart",
+                             "experiment=dapo_official", "--cfg", "job", "--resolve"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "prompts_per_update: 32" in result.stdout and "warmup_from_zero: true" in result.stdout
+    assert "${" not in result.stdout  # resolved
