@@ -218,7 +218,8 @@ class Actor:
         with torch.no_grad():
             stats = torch.stack([
                 total.detach(), pg[mask].sum(), clipped[mask].sum(), dual[mask].sum(),
-                entropy[mask].sum(), kl[mask].sum(), mask.sum(), torch.tensor(len(mb.index)),
+                entropy[mask].sum(), kl[mask].sum(), mask.sum(),
+                torch.tensor(len(mb.index), device=mask.device),
             ]).double().cpu()
         return total, count.int(), {"stats": stats, "count": count.detach().double().cpu()}
 
