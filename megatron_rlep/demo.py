@@ -174,12 +174,15 @@ def run_stage(stage: Stage, log: Path, index: int, count: int, started: float,
     bar = tqdm(total=stage.total, unit=stage.unit, desc=name, disable=not (progress and live),
                dynamic_ncols=True, mininterval=1, initial=min(stage.count(), stage.total))
 
+    shown = [min(stage.count(), stage.total)]  # a disabled bar does not count, so count here
+
     def advance():
         done = min(stage.count(), stage.total)
-        if done > bar.n and progress and not live:
+        if done > shown[0] and progress and not live:
             print(f"{name}: {done}/{stage.total} {stage.unit} "
                   f"(demo {_clock(time.perf_counter() - started)})", file=sys.stderr, flush=True)
-        bar.update(done - bar.n)
+        bar.update(done - shown[0])
+        shown[0] = done
 
     begin = time.perf_counter()
     with log.open("a") as sink:

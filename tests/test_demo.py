@@ -95,7 +95,8 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     done = demo(out)
     assert done.returncode == 0, done.stderr[-3000:]
     # stderr is no terminal here: one line per finished unit of progress, as in a Slurm log
-    assert re.search(r"^\[3/5\] rlep: 2/2 step \(demo \d+:\d\d\)$", done.stderr, re.M), done.stderr
+    rlep_lines = re.findall(r"^\[3/5\] rlep: (\d)/2 step \(demo \d+:\d\d\)$", done.stderr, re.M)
+    assert rlep_lines == ["1", "2"], done.stderr
     report = json.loads((out / "report.json").read_text())
     for name in ("curves.png", "pool.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
