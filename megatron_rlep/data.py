@@ -44,6 +44,14 @@ def dapo_prompt(problem: str) -> tuple[dict, ...]:
     return ({"role": "user", "content": DAPO_TEMPLATE.format(problem=problem)},)
 
 
+def problem_of(question: str) -> str:
+    """The problem inside a question in the DAPO template; any other question as it is."""
+    head, tail = DAPO_TEMPLATE.split("{problem}")
+    if question.startswith(head) and question.endswith(tail):
+        return question[len(head):len(question) - len(tail)]
+    return question
+
+
 def clean_answer(answer) -> str:
     """Ground truth as a string the verifier compares: ``27.0`` -> ``27``, ``033`` -> ``33``."""
     if isinstance(answer, float) and answer.is_integer():

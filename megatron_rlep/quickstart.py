@@ -10,7 +10,7 @@ import time
 
 from megatron_rlep.cli import hydra_entry
 from megatron_rlep.config import Config
-from megatron_rlep.data import load_examples
+from megatron_rlep.data import load_examples, problem_of
 from megatron_rlep.rollout import TransformersEngine, encode_prompt
 from megatron_rlep.verifier import Verifier
 
@@ -28,7 +28,7 @@ def run(cfg: Config) -> float:
                              progress=True)
     correct = total = 0
     for example, group in zip(examples, groups):
-        print(f"\n=== {example.id} [{example.data_source}] {example.question.splitlines()[2]}"
+        print(f"\n=== {example.id} [{example.data_source}] {problem_of(example.question)}"
               f"  (ground truth {example.ground_truth})")
         for completion in group:
             score = verifier.score(completion.text, example.ground_truth)

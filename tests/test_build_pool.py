@@ -138,12 +138,12 @@ def test_dedupe_counts_identical_answers_once_and_off_keeps_them_all():
     verifier = Verifier("dapo")
     try:
         rows, stats = shard_rows([example], [group], verifier, BuildPoolConfig(min_correct=2))
-        assert rows == [] and stats == {"samples": 4, "correct": 3}  # one distinct answer
+        assert rows == [] and stats == {"samples": 4, "correct": 3, "unfinished_dropped": 0}
         rows, stats = shard_rows([example], [group], verifier,
                                  BuildPoolConfig(min_correct=2, dedupe=False))
     finally:
         verifier.close()
-    assert stats == {"samples": 4, "correct": 3}
+    assert stats == {"samples": 4, "correct": 3, "unfinished_dropped": 0}
     (row,) = rows
     assert row["reward_model"]["candidates"] == [same.text] * 3
     assert (row["pass_rate"], row["samples"], row["candidate_lengths"]) == (0.75, 4, [3, 3, 3])

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from megatron_rlep import arithmetic
-from megatron_rlep.data import (DAPO_TEMPLATE, DataError, clean_answer, load_examples,
-                                load_hub, load_jsonl, load_parquet)
+from megatron_rlep.data import (DAPO_TEMPLATE, DataError, clean_answer, dapo_prompt,
+                                load_examples, load_hub, load_jsonl, load_parquet, problem_of)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside the repo")
@@ -126,12 +126,21 @@ def test_arithmetic_is_deterministic_with_disjoint_splits():
                                                                  n=40, seed=5))
     assert len(questions(train)) == 300
     for example in train[:50]:
-        expression = example.question.split("$")[3]  # "Compute $a + b$." inside the template
+        expression = example.question.split("$")[1]  # "Compute $a + b$."
         value = eval(expression.replace("\\times", "*"))  # noqa: S307 - our own generated text
         assert str(value) == example.ground_truth
-        assert example.prompt[-1]["content"].startswith("Solve the following math problem")
+        assert example.question == f"Compute ${expression}$."
+        # a system line asking for the verifier's "Answer:" line, then one worked example
+        assert [m["role"] for m in example.prompt] == ["system", "user", "assistant", "user"]
+        assert '"Answer:"' in example.prompt[0]["content"]
+        assert example.prompt[2]["content"].endswith("Answer: 17")
 
 
 def test_arithmetic_bad_level_is_one_sentence():
     with pytest.raises(ValueError, match=r"unknown levels \[99\]"):
         arithmetic.examples("train", levels=[99])
+
+
+def test_problem_of_unwraps_the_dapo_template_only():
+    assert problem_of(dapo_prompt("Compute $2 + 3$.")[0]["content"]) == "Compute $2 + 3$."
+    assert problem_of("Compute $2 + 3$.") == "Compute $2 + 3$."
