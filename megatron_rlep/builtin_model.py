@@ -54,30 +54,33 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def convert(name: str, target: Path) -> None:
-    """Dequantise the GGUF into ``target`` atomically (temp dir, then rename)."""
+    """Dequantise the GGUF into ``target`` atomically: everything is written into a temporary
+    directory beside it (made first, so a conversion killed at any point leaves only that),
+    which is renamed to ``target`` at the end."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = gguf_file(name)
     folder, filename = str(source.parent), source.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename,
-                                                      dtype=torch.float32)
-    config = copy.deepcopy(gguf_model.config)  # parsing the GGUF again costs seconds
-    for attr in ("quantization_config", "_name_or_path"):
-        if hasattr(config, attr):
-            delattr(config, attr)
-    config.dtype = torch.float32
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
-    if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise RuntimeError(f"GGUF conversion of {name}: missing {missing}, unexpected {unexpected}")
-    model.tie_weights()
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(target.parent, name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=target.parent))
     os.chmod(tmp, 0o755)
     try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename,
+                                                          dtype=torch.float32)
+        config = copy.deepcopy(gguf_model.config)  # parsing the GGUF again costs seconds
+        for attr in ("quantization_config", "_name_or_path"):
+            if hasattr(config, attr):
+                delattr(config, attr)
+        config.dtype = torch.float32
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise RuntimeError(f"GGUF conversion of {name}: missing {missing}, "
+                               f"unexpected {unexpected}")
+        model.tie_weights()
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / _DONE_MARKER).write_text(f"{source}\n")

@@ -36,8 +36,10 @@ def runs(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(kind)
     run("make", root / "model", kind, tied)
     assert "OK step tp=1 pp=1" in run("step", root / "model", 1, 1, root / "single")
-    for name, (tp, pp) in LAYOUTS.items():
-        assert f"OK step tp={tp} pp={pp}" in run("step", root / "model", tp, pp, root / name, nproc=2)
+    layouts = [x for name, (tp, pp) in LAYOUTS.items() for x in (tp, pp, root / name)]
+    out = run("step", root / "model", *layouts, nproc=2)  # one torchrun for the three layouts
+    for tp, pp in LAYOUTS.values():
+        assert f"OK step tp={tp} pp={pp}" in out
     return root
 
 

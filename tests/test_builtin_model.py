@@ -31,7 +31,7 @@ def test_interrupted_conversion_never_loads_then_converts_once(tmp_path):
     deadline = time.time() + 300
     while not list(tmp_path.glob(".smollm2-135m-*")) and time.time() < deadline:
         time.sleep(0.002)
-    proc.send_signal(signal.SIGSTOP)  # frozen while the temporary directory is being written
+    proc.send_signal(signal.SIGSTOP)  # frozen mid-conversion: its temporary directory exists
     assert list(tmp_path.glob(".smollm2-135m-*")), "the conversion never started writing"
     assert not (tmp_path / "smollm2-135m").exists(), "the cache appeared before the write ended"
     proc.send_signal(signal.SIGKILL)

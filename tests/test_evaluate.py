@@ -1,5 +1,5 @@
-"""tools/evaluate.py for real: the built-in model on every shared evaluation file by name, on
-one rank and on two, resuming after a lost unit, and its one-line errors."""
+"""tools/evaluate.py for real: the built-in model on every shared evaluation file by name; a
+tiny model on one rank and on two, resuming after a lost unit; its one-line errors."""
 
 import json
 import shutil
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import tiny  # noqa: E402
 from launch import env, launcher  # noqa: E402
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "evaluate.py"
@@ -64,10 +65,16 @@ def test_every_shared_eval_file_evaluates_by_name(tmp_path):
     assert json.loads(recomputed.read_text()) == m
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """Sharding and resuming do not need a model that can add: the tiny random one is quicker."""
+    return tiny.make_model(tmp_path_factory.mktemp("eval") / "model")
+
+
 @pytest.mark.e2e
-def test_two_ranks_equal_one_and_a_lost_unit_is_redone(tmp_path):
+def test_two_ranks_equal_one_and_a_lost_unit_is_redone(tmp_path, tiny_model):
     args = ["datasets=[arithmetic]", "levels=[1,2]", "limit=6", "samples=3", "max_tokens=16",
-            "temperature=1.0", "chunk_size=2"]
+            "temperature=1.0", "chunk_size=2", f"model.path={tiny_model}"]
     one, two = tmp_path / "one", tmp_path / "two"
     run(command(one, *args))
     run(command(two, *args, nproc=2))
@@ -86,14 +93,15 @@ def test_two_ranks_equal_one_and_a_lost_unit_is_redone(tmp_path):
     run(command(one, *args))
     assert (one / "samples.jsonl").read_bytes() == (two / "samples.jsonl").read_bytes()
     assert {p: p.stat().st_mtime_ns for p in parts[1:]} == kept  # finished units not redone
-    result = run(command(one, *args[:-1], "chunk_size=3"), expect=2)
+    result = run(command(one, *(a for a in args if a != "chunk_size=2"), "chunk_size=3"), expect=2)
     assert "other settings (chunk_size: 2 there, 3 now)" in result.stderr
 
 
 @pytest.mark.e2e
-def test_vllm_evaluation_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tmp_path):
+def test_vllm_evaluation_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tmp_path,
+                                                                               tiny_model):
     args = ["datasets=[arithmetic]", "levels=[1,2]", "limit=4", "samples=3", "max_tokens=16",
-            "temperature=1.0", "chunk_size=2"]
+            "temperature=1.0", "chunk_size=2", f"model.path={tiny_model}"]
     one, two = tmp_path / "one", tmp_path / "two"
     run(command(one, *args, engine="vllm"))
     shutil.copytree(one, two)

@@ -169,12 +169,12 @@ def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
     from launch import env
 
     script = Path(__file__).parent / "helpers" / "engines_agree.py"
-    result = subprocess.run([sys.executable, str(script), "smollm2-135m", "12", "24"],
+    result = subprocess.run([sys.executable, str(script), "smollm2-135m", "8", "24"],
                             capture_output=True, text=True, timeout=600,
                             env=env())
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["vllm"] == out["transformers"]  # greedy: the same 12 answers, token for token
+    assert out["vllm"] == out["transformers"]  # greedy: the same 8 answers, token for token
     assert out["sampled_logprob_gap"] < 1e-3  # measured 3.4e-5 (fp32)
     assert min(out["sampled_lengths"]) > 1
 

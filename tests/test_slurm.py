@@ -85,7 +85,7 @@ def test_requeued_job_checkpoints_and_resumes(cluster, assets, tmp_path):
     import time
 
     run_dir = tmp_path / "run"
-    total = 30
+    total = 15
     job, log = submit(cluster, "train.sbatch", run_dir,
                       overrides(assets, total, "logging.eval_every=0", "logging.save_every=0"))
     deadline = time.time() + 300

@@ -1,7 +1,7 @@
 """The actor on one layout, run alone or under torchrun (tests/test_actor.py drives it).
 
     actor_cpu.py make MODEL_DIR llama|qwen2 tied|untied
-    actor_cpu.py step MODEL_DIR TP PP OUT     # checks vs transformers, one update, save
+    actor_cpu.py step MODEL_DIR TP PP OUT [TP PP OUT ...]  # checks, one update, save; per layout
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
 
 ``step`` asserts logits and log-probs equal transformers' (1e-4) and a bit-exact export, then
@@ -158,8 +158,13 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "make":
         make(*args)
-    elif command == "step":
-        step(args[0], int(args[1]), int(args[2]), args[3])
+    elif command == "step":  # several layouts in one process group: Megatron's state rebuilt
+        for i in range(1, len(args), 3):
+            if i > 1:
+                from megatron.core import parallel_state
+
+                parallel_state.destroy_model_parallel()
+            step(args[0], int(args[i]), int(args[i + 1]), args[i + 2])
     elif command == "load":
         load(args[0], args[1:])
     if dist.is_initialized():
