@@ -98,10 +98,9 @@ def test_two_ranks_equal_one_and_a_lost_unit_is_redone(tmp_path, tiny_model):
 
 
 @pytest.mark.e2e
-def test_vllm_evaluation_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tmp_path,
-                                                                               tiny_model):
+def test_vllm_evaluation_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tmp_path):
     args = ["datasets=[arithmetic]", "levels=[1,2]", "limit=4", "samples=3", "max_tokens=16",
-            "temperature=1.0", "chunk_size=2", f"model.path={tiny_model}"]
+            "temperature=1.0", "chunk_size=2"]
     one, two = tmp_path / "one", tmp_path / "two"
     run(command(one, *args, engine="vllm"))
     shutil.copytree(one, two)
