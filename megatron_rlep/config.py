@@ -49,6 +49,27 @@ class DataConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """Which pool answers go into which group (megatron_rlep/replay.py)."""
+    strategy: str = "uniform"  # uniform (the paper) | rescue | priority | recent
+    priority_floor: float = 0.1  # priority: the least chance a prompt gets its replays
+    refresh: bool = False  # live pool: this run's verified, finished fresh answers join the pool
+    cap: int = 8  # live pool: answers kept per question, the oldest versions evicted first
+
+
+@dataclass
+class CorrectionConfig:
+    """Off-policy correction (megatron_rlep/correction.py; verl's rollout_correction names)."""
+    is_level: Optional[str] = None  # null | token | sequence [rollout_is]
+    is_threshold: float = 2.0  # truncation C of the weights [rollout_is_threshold]
+    rs_level: Optional[str] = None  # null | token | sequence | geometric [rollout_rs]
+    rs_threshold: Optional[float] = None  # upper bound; null: is_threshold [rollout_rs_threshold]
+    rs_threshold_lower: Optional[float] = None  # null: 1 / upper [rollout_rs_threshold_lower]
+    replay: str = "on_policy"  # replayed answers: on_policy (the paper) | stored | down_weight
+    replay_weight: float = 0.5  # down_weight: the factor on a replayed answer's token losses
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = "rlep"  # grpo | dapo | rlep
     rollouts_per_prompt: int = 16  # G
@@ -57,6 +78,8 @@ class AlgorithmConfig:
     fill_absent: bool = True  # a question absent from the pool gets G + M fresh rollouts (else G)
     replay_distinct: bool = False  # M distinct texts (else M stored answers, repeats too: the reference)
     pool_drop_rejected: bool = False  # drop pool answers the verifier rejects (else keep, counted)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     prompts_per_rollout: int = 512
     prompts_per_update: int = 64
     epochs: int = 1
@@ -225,12 +248,17 @@ def _register_schema() -> None:
 _register_schema()
 
 _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmConfig,
+                                           ReplayConfig, CorrectionConfig,
                                            RolloutConfig, ValidationConfig, ParallelConfig,
                                            LoggingConfig, VerifierConfig)}
 
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
     "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "algorithm.replay.strategy": ("uniform", "rescue", "priority", "recent"),
+    "algorithm.correction.is_level": ("token", "sequence"),
+    "algorithm.correction.rs_level": ("token", "sequence", "geometric"),
+    "algorithm.correction.replay": ("on_policy", "stored", "down_weight"),
     "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
     "rollout.engine": ("auto", "vllm", "transformers"),
     "logging.wandb": ("online", "offline", "disabled"),
@@ -246,7 +274,11 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.clip_high": (0.0, None), "algorithm.dual_clip": (1.0, None),
     "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None),
     "algorithm.warmup_steps": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
-    "algorithm.total_steps": (0, None), "rollout.temperature": (0.0, None),
+    "algorithm.total_steps": (0, None), "algorithm.replay.priority_floor": (0.0, 1.0),
+    "algorithm.replay.cap": (1, None),
+    "algorithm.correction.is_threshold": (1.0, None), "algorithm.correction.rs_threshold": (1.0, None),
+    "algorithm.correction.rs_threshold_lower": (0.0, 1.0),
+    "algorithm.correction.replay_weight": (0.0, None), "rollout.temperature": (0.0, None),
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),

@@ -1,11 +1,13 @@
 """G' = G + M groups: fresh rollouts plus replayed pool answers, scored, with advantages.
 
 Per prompt, ``plan_group`` decides how many answers come from the pool and how many the engine
-must generate: M replays drawn by ``pool.sample_replays``; a question with fewer than M pool
-answers gets fresh rollouts in the free slots (never padding answers); a question absent from
-the pool gets G + M fresh rollouts, or G when ``fill_absent`` is off. ``replay_sample`` turns a
-pool text into a sequence exactly like a fresh one: re-tokenised, EOS appended, cut at the
-response limit (then without EOS, and the overlong penalty applies). Every sample of a group is
+must generate: M replays chosen by the replay strategy (``megatron_rlep/replay.py``; uniform
+draws by default); a question with fewer than M pool answers gets fresh rollouts in the free
+slots (never padding answers); a question absent from the pool gets G + M fresh rollouts, or G
+when ``fill_absent`` is off; a prompt the strategy leaves without replays gets G.
+``replay_sample`` turns a pool answer into a sequence like a fresh one: its stored token ids and
+behaviour log-probs where the pool has them, else the text re-tokenised with EOS appended; cut
+at the response limit (then without EOS, and the overlong penalty applies). Every sample of a group is
 scored by the same reward; advantages are normalised over the whole group.
 
 This module knows nothing of Megatron or of the engines' internals.
@@ -18,9 +20,10 @@ from typing import Optional
 
 import torch
 
+from megatron_rlep import replay
 from megatron_rlep.data import Example
 from megatron_rlep.loss import group_advantages
-from megatron_rlep.pool import ExperiencePool, question_key, sample_replays
+from megatron_rlep.pool import ExperiencePool, question_key
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Sample:
     correct: bool = False
     pred: Optional[str] = None
     advantage: float = 0.0
-    logprobs: tuple[float, ...] = ()  # the engine's behaviour log-probs (fresh samples only)
+    logprobs: tuple[float, ...] = ()  # behaviour log-probs: the engine's, a replay's stored ones
 
 
 @dataclass
@@ -57,34 +60,61 @@ class Group:
 
 
 def plan_group(example: Example, pool: Optional[ExperiencePool], g: int, m: int,
-               fill_absent: bool, seed: int, step: int, distinct: bool = False
+               fill_absent: bool, seed: int, step: int, distinct: bool = False,
+               strategy: str = "uniform", rate: Optional[float] = None, floor: float = 0.0
                ) -> tuple[list[str], int]:
-    """(replayed texts, number of fresh rollouts) for one prompt at one step."""
+    """(replayed texts, number of fresh rollouts) for one prompt at one step. ``strategy``
+    (megatron_rlep/replay.py) may leave a prompt without replays: it then gets G fresh rollouts
+    (``rescue`` adds its replays after them, ``rescue_replays``)."""
     if m == 0:
         return [], g
     answers = pool.answers(example) if pool is not None else ()
     if not answers:
         return [], g + m if fill_absent else g
-    replays = sample_replays(answers, m, seed, step, question_key(example), distinct)
+    key = question_key(example)
+    if not replay.replays_before_generation(strategy, seed, step, key, rate, floor):
+        return [], g
+    replays = replay.choose(answers, m, seed, step, key, distinct, pool.versions(example),
+                            strategy == "recent")
     return replays, g + m - len(replays)
 
 
-def replay_sample(text: str, tokenizer, max_length: int) -> Sample:
-    """A pool answer as a sequence: re-tokenised, EOS appended, cut at ``max_length``."""
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
-    if len(ids) <= max_length:
-        return Sample(tuple(ids), text, replay=True, finished=True)
-    ids = ids[:max_length]
-    return Sample(tuple(ids), tokenizer.decode(ids, skip_special_tokens=True), replay=True,
-                  finished=False)
+def rescue_replays(group: "Group", pool: Optional[ExperiencePool], m: int, seed: int, step: int,
+                   distinct: bool = False) -> list[str]:
+    """``rescue``: up to M pool answers for a group whose scored fresh answers hold no verified
+    one, none otherwise."""
+    if m == 0 or pool is None or not replay.needs_rescue([s.correct for s in group.samples]):
+        return []
+    return replay.choose(pool.answers(group.example), m, seed, step, question_key(group.example),
+                         distinct)
+
+
+def replay_sample(text: str, tokenizer, max_length: int,
+                  sampled: Optional[tuple[list[int], list[float]]] = None) -> Sample:
+    """A pool answer as a sequence, cut at ``max_length``: the token ids it was sampled with and
+    their behaviour log-probs when ``sampled`` gives them, else re-tokenised with EOS appended."""
+    if sampled is not None:
+        ids, logprobs = sampled
+    else:
+        ids, logprobs = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + \
+            [tokenizer.eos_token_id], []
+    finished = len(ids) <= max_length and bool(ids) and ids[-1] == tokenizer.eos_token_id
+    if len(ids) > max_length:
+        ids, logprobs = ids[:max_length], logprobs[:max_length]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+    return Sample(tuple(ids), text, replay=True, finished=finished, logprobs=tuple(logprobs))
 
 
 def score_groups(groups: list[Group], verifier) -> None:
     """Reward every sample with the verifier (overlong penalty by token length)."""
     for group in groups:
-        for s in group.samples:
-            score = verifier.score(s.text, group.example.ground_truth, length=len(s.response_ids))
-            s.reward, s.correct, s.pred = score.reward, score.correct, score.pred
+        score_samples(group.samples, group.example, verifier)
+
+
+def score_samples(samples: list[Sample], example: Example, verifier) -> None:
+    for s in samples:
+        score = verifier.score(s.text, example.ground_truth, length=len(s.response_ids))
+        s.reward, s.correct, s.pred = score.reward, score.correct, score.pred
 
 
 def assign_advantages(groups: list[Group], normalize_std: bool = True) -> None:

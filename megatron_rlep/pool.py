@@ -1,9 +1,11 @@
-"""The experience pool: verified answer texts per training question, and replay sampling.
+"""The experience pool: verified answers per training question, and replay sampling.
 
 A pool is either a pool directory (``shard-XXXXX.parquet`` files plus ``manifest.json``, written
-by ``tools/build_pool.py``) or a single RLEP release parquet. Both carry the verl columns and
-``reward_model.candidates``, a list of answer texts. Questions are matched by their prompt
-text (the last chat message), so a pool built from one copy of a dataset serves another.
+by ``tools/build_pool.py``, or a live pool written into a run's checkpoints) or a single RLEP
+release parquet. Both carry the verl columns and ``reward_model.candidates``, a list of answer
+texts; pool directories add per-answer columns (``PER_CANDIDATE``: length, sampled token ids and
+behaviour log-probs, and a live pool's version and provenance). Questions are matched by their
+prompt text (the last chat message), so a pool built from one copy of a dataset serves another.
 
 ``sample_replays`` is the replay rule: M answers per question, uniformly without replacement,
 fresh each step, a pure function of (seed, step, question). Like the reference it draws from
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 from megatron_rlep.data import DataError, Example
@@ -25,20 +28,38 @@ from megatron_rlep.files import file_sha256, temporary_beside, write_json_atomic
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
+# columns with one entry per candidate, in the candidates' order (None where a pool has none)
+PER_CANDIDATE = ("candidate_lengths", "candidate_token_ids", "candidate_logprobs",
+                 "candidate_versions", "candidate_provenance")
 
 
 def question_key(example: Example) -> str:
     return example.question.strip()
 
 
-class ExperiencePool:
-    """question text -> verified answers (the pool is never changed during training)."""
+@dataclass(frozen=True)
+class Answer:
+    """One verified answer of the pool and where it came from."""
+    text: str
+    version: int = -1  # the training step whose policy sampled it; -1: before this run
+    token_ids: tuple[int, ...] = ()  # as sampled, EOS included (empty: not recorded)
+    logprobs: tuple[float, ...] = ()  # their behaviour log-probs
+    provenance: str = ""  # JSON: source run or pool, step, sampling settings, verifier mode
 
-    def __init__(self, candidates: dict[str, tuple[str, ...]], source: str = "",
-                 rejected: int = 0):
-        self.candidates = candidates
+
+class ExperiencePool:
+    """question key -> verified answers (``Answer``), with each question's pass rate when
+    sampled. A frozen pool never changes; a live one (``algorithm.replay.refresh``) takes this
+    run's verified fresh answers (``add``) and is written into checkpoints (``write``)."""
+
+    def __init__(self, candidates: dict[str, tuple], source: str = "", rejected: int = 0,
+                 pass_rates: dict[str, float] | None = None, rows: dict[str, dict] | None = None):
+        self.entries = {k: [a if isinstance(a, Answer) else Answer(a) for a in v]
+                        for k, v in candidates.items()}
         self.source = source
         self.rejected = rejected  # candidates the verifier rejected at load (kept or dropped)
+        self.pass_rates = pass_rates or {}
+        self.rows = rows or {}  # key -> the question's row (prompt, ground truth), for ``write``
 
     @classmethod
     def load(cls, path: str | Path, verifier=None, drop_rejected: bool = False) -> "ExperiencePool":
@@ -48,17 +69,80 @@ class ExperiencePool:
         rejected = 0
         if verifier is not None:
             rows, rejected, _ = verify_rows(rows, verifier, drop_rejected)
-        candidates: dict[str, tuple[str, ...]] = {}
+        entries: dict[str, list[Answer]] = {}
+        pass_rates, first = {}, {}
         for row in rows:  # rows of one question (two copies of a dataset) pool their answers
             key = row_key(row)
-            candidates[key] = candidates.get(key, ()) + tuple(row["reward_model"]["candidates"])
-        return cls(candidates, str(path), rejected)
+            entries.setdefault(key, []).extend(answers_of(row))
+            first.setdefault(key, row)
+            if row.get("pass_rate") is not None:
+                pass_rates.setdefault(key, row["pass_rate"])
+        return cls(entries, str(path), rejected, pass_rates, first)
 
     def __len__(self) -> int:
-        return len(self.candidates)
+        return len(self.entries)
+
+    @property
+    def candidates(self) -> dict[str, tuple[str, ...]]:
+        return {k: tuple(a.text for a in v) for k, v in self.entries.items()}
 
     def answers(self, example: Example) -> tuple[str, ...]:
-        return self.candidates.get(question_key(example), ())
+        return tuple(a.text for a in self.entries.get(question_key(example), ()))
+
+    def versions(self, example: Example) -> tuple[int, ...]:
+        return tuple(a.version for a in self.entries.get(question_key(example), ()))
+
+    def pass_rate(self, example: Example) -> float | None:
+        return self.pass_rates.get(question_key(example))
+
+    def sampled_as(self, example: Example, text: str) -> tuple[list[int], list[float]] | None:
+        """The token ids and behaviour log-probs ``text`` was sampled with, if recorded."""
+        for a in self.entries.get(question_key(example), ()):
+            if a.text == text and a.token_ids and a.logprobs:
+                return list(a.token_ids), list(a.logprobs)
+        return None
+
+    def version_of(self, example: Example, text: str) -> int:
+        return max((a.version for a in self.entries.get(question_key(example), ())
+                    if a.text == text), default=-1)
+
+    def add(self, example: Example, answers: list[Answer], cap: int) -> None:
+        """Take ``answers`` for ``example``: an answer already there is renewed (it moves to the
+        newest version), then the oldest versions go until at most ``cap`` remain."""
+        key = question_key(example)
+        if key not in self.rows:  # a question new to the pool: no pass rate from a build
+            self.rows[key] = {**pool_row(example, [], [], 0, 0), "pass_rate": None, "samples": None}
+        kept = self.entries.get(key, [])
+        for answer in answers:
+            kept = [a for a in kept if a.text != answer.text] + [answer]
+        order = sorted(range(len(kept)), key=lambda i: (-kept[i].version, -i))[:cap]
+        self.entries[key] = [kept[i] for i in sorted(order)]
+
+    def write(self, out: str | Path, origin: dict) -> dict:
+        """The pool as a pool directory (``write_pool``), provenance included."""
+        rows = []
+        for key, answers in self.entries.items():
+            row = self.rows[key]
+            rows.append({**row, "reward_model": {**row["reward_model"],
+                                                 "candidates": [a.text for a in answers]},
+                         "candidate_lengths": [len(a.token_ids) for a in answers]
+                         if all(a.token_ids for a in answers) else None,
+                         "candidate_token_ids": [list(a.token_ids) for a in answers],
+                         "candidate_logprobs": [list(a.logprobs) for a in answers],
+                         "candidate_versions": [a.version for a in answers],
+                         "candidate_provenance": [a.provenance for a in answers]})
+        return write_pool(rows, out, origin)
+
+
+def answers_of(row: dict) -> list[Answer]:
+    """A pool row's candidates with what the row records of each."""
+    texts = row["reward_model"]["candidates"]
+    column = {c: row.get(c) or [None] * len(texts) for c in PER_CANDIDATE}
+    return [Answer(text, -1 if version is None else int(version), tuple(ids or ()),
+                   tuple(logprobs or ()), provenance or "")
+            for text, ids, logprobs, version, provenance in zip(
+                texts, column["candidate_token_ids"], column["candidate_logprobs"],
+                column["candidate_versions"], column["candidate_provenance"])]
 
 
 def row_key(row: dict) -> str:
@@ -142,7 +226,7 @@ def _as_pool_row(row: dict) -> dict:
             "extra_info": {"index": None if extra.get("index") is None else str(extra["index"])},
             "extra_info_json": row.get("extra_info_json") or json.dumps(extra, ensure_ascii=False),
             "pass_rate": row.get("pass_rate"), "samples": row.get("samples"),
-            "candidate_lengths": row.get("candidate_lengths")}
+            **{column: row.get(column) for column in PER_CANDIDATE}}
 
 
 def check_rows(rows: list[dict], source) -> list[dict]:
@@ -185,11 +269,11 @@ def verify_rows(rows: list[dict], verifier, drop: bool) -> tuple[list[dict], int
 
 
 def keep_candidates(row: dict, keep: list[int]) -> dict:
-    """``row`` with only the candidates at ``keep`` (their lengths follow)."""
-    lengths = row.get("candidate_lengths")
+    """``row`` with only the candidates at ``keep`` (their per-candidate columns follow)."""
     return {**row, "reward_model": {**row["reward_model"], "candidates":
                                     [row["reward_model"]["candidates"][i] for i in keep]},
-            "candidate_lengths": None if lengths is None else [lengths[i] for i in keep]}
+            **{column: None if row.get(column) is None else [row[column][i] for i in keep]
+               for column in PER_CANDIDATE}}
 
 
 # ----------------------------------------------------------------------------- shard files
@@ -209,11 +293,18 @@ def row_schema():
         ("pass_rate", pa.float64()),  # verified answers / samples, before deduplication
         ("samples", pa.int64()),
         ("candidate_lengths", pa.list_(pa.int64())),  # answer lengths in tokens
+        # as sampled, end-of-sequence included: token ids and their behaviour log-probs
+        ("candidate_token_ids", pa.list_(pa.list_(pa.int64()))),
+        ("candidate_logprobs", pa.list_(pa.list_(pa.float32()))),
+        # a live pool's (algorithm.replay.refresh): the sampling step (-1: before the run) and
+        # a JSON record of the source, sampling settings and verifier
+        ("candidate_versions", pa.list_(pa.int64())),
+        ("candidate_provenance", pa.list_(pa.string())),
     ])
 
 
 def pool_row(example: Example, candidates: list[str], lengths: list[int], correct: int,
-             samples: int) -> dict:
+             samples: int, token_ids: list | None = None, logprobs: list | None = None) -> dict:
     return {"data_source": example.data_source,
             "prompt": [{"content": m["content"], "role": m["role"]} for m in example.prompt],
             "ability": "math",
@@ -221,7 +312,10 @@ def pool_row(example: Example, candidates: list[str], lengths: list[int], correc
                              "candidates": list(candidates)},
             "extra_info": {"index": str(example.id)},
             "extra_info_json": json.dumps({"index": str(example.id)}),
-            "pass_rate": correct / max(samples, 1), "samples": samples, "candidate_lengths": list(lengths)}
+            "pass_rate": correct / max(samples, 1), "samples": samples,
+            "candidate_lengths": list(lengths), "candidate_token_ids": token_ids,
+            "candidate_logprobs": logprobs, "candidate_versions": None,
+            "candidate_provenance": None}
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import signal
 import time
 from dataclasses import asdict
@@ -35,11 +36,13 @@ from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import Example, load_examples
 from megatron_rlep.files import write_text_atomic
+from megatron_rlep.correction import batch_correction
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
-                                  score_groups)
+                                  rescue_replays, score_groups, score_samples)
 from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.monitor import Monitor
-from megatron_rlep.pool import ExperiencePool
+from megatron_rlep.pool import Answer, ExperiencePool, question_key
+from megatron_rlep.replay import PassRates
 from megatron_rlep.rollout import encode_prompt, generate_sharded, make_engine
 from megatron_rlep.verifier import Verifier
 
@@ -109,12 +112,16 @@ class Trainer:
         self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
                                               **_task_kwargs(cfg, name, cfg.data.eval_size))
                           for name in cfg.data.eval}
-        if a.replay_per_prompt and not a.pool:
+        if a.replay_per_prompt and not a.pool and not a.replay.refresh:
             raise ConfigError("config key algorithm.pool is empty but algorithm.replay_per_prompt "
                               f"is {a.replay_per_prompt}; give a pool directory from "
-                              "tools/build_pool.py or the RLEP release parquet, or set M to 0.")
+                              "tools/build_pool.py or the RLEP release parquet, set "
+                              "algorithm.replay.refresh=true to start from an empty live pool, "
+                              "or set M to 0.")
         self.pool = None
-        if a.replay_per_prompt:
+        if a.replay_per_prompt and not a.pool:
+            self.pool = ExperiencePool({}, "live")
+        elif a.replay_per_prompt:
             self.pool = ExperiencePool.load(a.pool, self.verifier, a.pool_drop_rejected)
             if self.pool.rejected and is_rank0():
                 fate = "dropped" if a.pool_drop_rejected else \
@@ -122,11 +129,15 @@ class Trainer:
                 print(f"warning: experience pool {a.pool}: {self.pool.rejected} answers are "
                       f"rejected by the {cfg.verifier.mode} verifier and are {fate}", flush=True)
         self.step, cursor = 0, 0
+        self.pass_rates = PassRates()  # the replay strategies' running pass rates
         latest = self.run_dir / "checkpoints" / "latest"
         if cfg.resume and latest.is_file():
             checkpoint = self.run_dir / "checkpoints" / latest.read_text().strip()
             extra = self.actor.load(checkpoint)
             self.step, cursor = extra["step"], extra["cursor"]
+            self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
+            if extra.get("live_pool"):  # answers verified when they joined: not checked again
+                self.pool = ExperiencePool.load(self.run_dir / "checkpoints" / extra["live_pool"])
             if is_rank0():
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights()
@@ -140,10 +151,12 @@ class Trainer:
         a, r = self.cfg.algorithm, self.cfg.rollout
         groups = []
         for ex in examples:
+            rate = self.pass_rates.rate(question_key(ex), self.pool.pass_rate(ex)) \
+                if self.pool is not None else None
             replays, fresh = plan_group(ex, self.pool, a.rollouts_per_prompt, a.replay_per_prompt,
-                                        a.fill_absent, self.cfg.seed, step, a.replay_distinct)
-            prompt_ids = self._prompt_ids(ex)
-            groups.append(Group(ex, prompt_ids, replays, fresh))
+                                        a.fill_absent, self.cfg.seed, step, a.replay_distinct,
+                                        a.replay.strategy, rate, a.replay.priority_floor)
+            groups.append(Group(ex, self._prompt_ids(ex), replays, fresh))
         completions = generate_sharded(
             self.engine, [g.prompt_ids for g in groups], [g.fresh_requested for g in groups],
             r.tensor_parallel, seed=(self.cfg.seed * 100003 + step) * 1009 + batch,
@@ -151,10 +164,21 @@ class Trainer:
         for group, fresh in zip(groups, completions):
             group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
                                     logprobs=c.logprobs) for c in fresh]
-            group.samples += [replay_sample(t, self.tokenizer, r.max_response_length)
-                              for t in group.replays]
         score_groups(groups, self.verifier)
+        for group in groups:
+            self.pass_rates.add(question_key(group.example), [s.correct for s in group.samples])
+            if a.replay.strategy == "rescue":
+                group.replays = rescue_replays(group, self.pool, a.replay_per_prompt,
+                                               self.cfg.seed, step, a.replay_distinct)
+            replayed = [self._replay_sample(group.example, t) for t in group.replays]
+            score_samples(replayed, group.example, self.verifier)
+            group.samples += replayed
         return groups
+
+    def _replay_sample(self, example: Example, text: str) -> Sample:
+        stored = self.cfg.algorithm.correction.replay == "stored"
+        return replay_sample(text, self.tokenizer, self.cfg.rollout.max_response_length,
+                             self.pool.sampled_as(example, text) if stored else None)
 
     def _prompt_ids(self, example: Example) -> tuple[int, ...]:
         return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)
@@ -198,7 +222,12 @@ class Trainer:
         self.actor.begin_step(self.step)
         batch = _sequences(groups)
         batch.old_logp, _ = self.actor.logprobs(batch)
-        mismatch = rollout_mismatch([s.logprobs for g in groups for s in g.samples], batch.old_logp)
+        samples = [s for g in groups for s in g.samples]
+        mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
+        batch.weights, batch.kept, corrected = batch_correction(
+            batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples],
+            a.correction)
+        mismatch.update(corrected)
         offsets = [0]
         for g in groups:
             offsets.append(offsets[-1] + len(g.samples))
@@ -280,9 +309,38 @@ class Trainer:
                 "top_p": _unless_none(v.top_p, r.top_p),
                 "max_tokens": _unless_none(v.max_response_length, r.max_response_length)}
 
+    def refresh_pool(self, groups: list[Group], step: int) -> None:
+        """The live pool takes the step's verified fresh answers that ended with EOS."""
+        r = self.cfg.rollout
+        provenance = json.dumps({"source": str(self.run_dir), "step": step,
+                                 "temperature": r.temperature, "top_p": r.top_p,
+                                 "max_response_length": r.max_response_length,
+                                 "verifier": self.cfg.verifier.mode})
+        for g in groups:
+            good = [Answer(s.text, step, s.response_ids, s.logprobs, provenance)
+                    for s in g.samples if not s.replay and s.correct and s.finished]
+            if good:
+                self.pool.add(g.example, good, self.cfg.algorithm.replay.cap)
+
+    def replay_metrics(self, groups: list[Group], step: int) -> dict:
+        """The pool's size and coverage, and how old the replayed answers are (steps since
+        the policy that sampled them; a built pool's answers count from before step 0)."""
+        ages = [step - self.pool.version_of(g.example, t) for g in groups for t in g.replays]
+        return {"pool/questions": len(self.pool),
+                "pool/answers": sum(len(v) for v in self.pool.entries.values()),
+                "pool/questions_covered": _mean(bool(self.pool.answers(g.example)) for g in groups),
+                "train/replay_age_mean": _mean(ages)}
+
     def save(self, step: int) -> None:
         name = f"step-{step:06d}"
-        self.actor.save(self.run_dir / "checkpoints" / name, extra={"step": step, "cursor": self.prompts.cursor})
+        extra = {"step": step, "cursor": self.prompts.cursor, "pass_rates": self.pass_rates.state()}
+        if self.cfg.algorithm.replay.refresh and self.pool is not None:
+            extra["live_pool"] = f"pool-{step:06d}"
+            if is_rank0():
+                out = self.run_dir / "checkpoints" / extra["live_pool"]
+                shutil.rmtree(out, ignore_errors=True)  # left by a save cut short
+                self.pool.write(out, {"live_pool_of": str(self.run_dir), "step": step})
+        self.actor.save(self.run_dir / "checkpoints" / name, extra=extra)
         if is_rank0():
             latest = self.run_dir / "checkpoints" / "latest"
             tmp = latest.with_suffix(".tmp")
@@ -313,10 +371,14 @@ class Trainer:
                 t2 = time.perf_counter()
                 metrics.update(mismatch)
                 metrics.update(self.sync_weights() if updates else {})
+                if a.replay.refresh and self.pool is not None:
+                    self.refresh_pool(groups, step)
                 self.step += 1
                 if every and (self.step % every == 0 or self.step == a.total_steps):
                     metrics.update(self.validate(self.step))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
+                if self.pool is not None:
+                    metrics.update(self.replay_metrics(groups, step))
                 metrics["time/step_s"] = time.perf_counter() - t0
                 if cfg.logging.dump_batches and is_rank0():
                     _dump(self.run_dir / "batches" / f"step-{step:06d}.json", groups)
@@ -355,9 +417,12 @@ def _sequences(groups: list[Group]) -> SequenceBatch:
 
 
 def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
-    return SequenceBatch([batch.tokens[i] for i in index], [batch.prompt_lengths[i] for i in index],
-                         advantages=batch.advantages[index],
-                         old_logp=[batch.old_logp[i] for i in index])
+    def pick(values):
+        return None if values is None else [values[i] for i in index]
+
+    return SequenceBatch(pick(batch.tokens), pick(batch.prompt_lengths),
+                         advantages=batch.advantages[index], old_logp=pick(batch.old_logp),
+                         weights=pick(batch.weights), kept=pick(batch.kept))
 
 
 def _unless_none(value, default):
@@ -380,6 +445,7 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
         "train/reward_fresh": _mean(s.reward for s in fresh),
         "train/replay_fraction": len(replay) / max(len(every), 1),
         "train/replays_per_group": _mean(len(g.replays) for g in groups),  # the effective M
+        "train/groups_with_replays": _mean(bool(g.replays) for g in groups),
         "train/distinct_replays_per_group": _mean(len(set(g.replays)) for g in groups),
         # the replays' share of the advantage mass sum |A|: how much of the update they steer
         "train/replay_advantage_share": sum(abs(s.advantage) for s in replay) /

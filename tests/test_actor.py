@@ -29,18 +29,34 @@ def run(*args, nproc=1, timeout=600):
     return result.stdout
 
 
-@pytest.fixture(scope="module", params=[("llama", "untied"), ("qwen2", "tied")], ids=["llama", "qwen2"])
-def runs(request, tmp_path_factory):
-    """The model, its single-process update, and one run per two-process layout."""
-    kind, tied = request.param
-    root = tmp_path_factory.mktemp(kind)
-    run("make", root / "model", kind, tied)
-    assert "OK step tp=1 pp=1" in run("step", root / "model", 1, 1, root / "single")
-    layouts = [x for name, (tp, pp) in LAYOUTS.items() for x in (tp, pp, root / name)]
-    out = run("step", root / "model", *layouts, nproc=2)  # one torchrun for the three layouts
-    for tp, pp in LAYOUTS.values():
-        assert f"OK step tp={tp} pp={pp}" in out
-    return root
+FAMILIES = {"llama": "untied", "qwen2": "tied"}
+
+
+def chain(*commands):
+    """actor_cpu.py's arguments for ``commands`` run in one process."""
+    return [x for i, c in enumerate(commands) for x in (["+"] if i else []) + list(map(str, c))]
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """Per family: the model, its single-process update and one run per two-process layout (one
+    process and one torchrun for both families), and the loads of their checkpoints at TP=1."""
+    root = tmp_path_factory.mktemp("actor")
+    out = run(*chain(*[c for kind, tied in FAMILIES.items() for c in (
+        ("make", root / kind / "model", kind, tied), ("step", root / kind / "model", 1, 1,
+                                                      root / kind / "single"))]))
+    assert out.count("OK step tp=1 pp=1") == 2, out
+    out = run(*chain(*[("step", root / kind / "model", tp, pp, root / kind / name)
+                       for kind in FAMILIES for name, (tp, pp) in LAYOUTS.items()]), nproc=2)
+    assert out.count("OK step") == 2 * len(LAYOUTS), out
+    loaded = run(*chain(*[("load", root / kind / "model", *(root / kind / n for n in LAYOUTS))
+                          for kind in FAMILIES]))
+    return root, loaded
+
+
+@pytest.fixture(params=list(FAMILIES))
+def runs(request, families):
+    return families[0] / request.param
 
 
 def _weights(path):
@@ -67,10 +83,9 @@ def test_one_update_matches_single_process(runs, layout):
     assert 0 < a["clip_fraction"] < 1
 
 
-def test_checkpoints_load_on_another_layout(runs):
-    out = run("load", runs / "model", *(runs / name for name in LAYOUTS))
+def test_checkpoints_load_on_another_layout(runs, families):
     for name in LAYOUTS:
-        assert f"OK load {name}" in out
+        assert f"OK load {runs / name} " in families[1]
 
 
 SMOLLM2 = """

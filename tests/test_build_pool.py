@@ -42,6 +42,14 @@ TINY = ["data.levels=[1,2]", "data.train_size=20", "samples=3", "rollout.max_res
         "shard_size=4", "min_correct=1"]
 
 
+@pytest.fixture(scope="module")
+def straight(tiny_model, tmp_path_factory):
+    """The tiny model's pool built in one uninterrupted run on one rank (read only)."""
+    out = tmp_path_factory.mktemp("straight") / "pool"
+    run(command(out, *TINY, model=tiny_model))
+    return out
+
+
 @pytest.mark.e2e
 def test_builtin_model_pool_reverifies_and_manifest_matches(tmp_path):
     from megatron_rlep.data import load_parquet
@@ -67,9 +75,9 @@ def test_builtin_model_pool_reverifies_and_manifest_matches(tmp_path):
 
 
 @pytest.mark.e2e
-def test_kill_and_resume_finishes_without_loss_duplication_or_redone_shards(tiny_model, tmp_path):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run(command(straight, *TINY, model=tiny_model))
+def test_kill_and_resume_finishes_without_loss_duplication_or_redone_shards(tiny_model, straight,
+                                                                           tmp_path):
+    killed = tmp_path / "killed"
     proc = subprocess.Popen(command(killed, *TINY, model=tiny_model), env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -92,10 +100,9 @@ def test_kill_and_resume_finishes_without_loss_duplication_or_redone_shards(tiny
 
 
 @pytest.mark.e2e
-def test_two_ranks_build_the_same_pool_as_one(tiny_model, tmp_path):
-    run(command(tmp_path / "one", *TINY, model=tiny_model))
+def test_two_ranks_build_the_same_pool_as_one(tiny_model, straight, tmp_path):
     run(command(tmp_path / "two", *TINY, model=tiny_model, nproc=2))
-    one, two = shards(tmp_path / "one"), shards(tmp_path / "two")
+    one, two = shards(straight), shards(tmp_path / "two")
     assert one.keys() == two.keys() and len(one) == 5
     assert [s["sha256"] for s in one.values()] == [s["sha256"] for s in two.values()]
 
@@ -115,8 +122,8 @@ def test_vllm_pool_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tiny_mo
     assert shards(one)["shard-00001.json"]["samples"] == 4 * 3
 
 
-def test_other_settings_into_the_same_directory_are_refused(tiny_model, tmp_path):
-    run(command(tmp_path / "pool", *TINY, model=tiny_model))
+def test_other_settings_into_the_same_directory_are_refused(tiny_model, straight, tmp_path):
+    shutil.copytree(straight, tmp_path / "pool")
     result = subprocess.run(command(tmp_path / "pool", *TINY, "temperature=1.0", model=tiny_model),
                             capture_output=True, text=True, env=env(), timeout=600)
     assert result.returncode == 2

@@ -73,3 +73,21 @@ def test_paired_runs_get_bands_and_the_difference_with_its_interval(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "validation" in result.stderr
+
+
+def test_replay_panel_draws_every_replay_metric_of_every_run(tmp_path):
+    for name, share in (("uniform", 0.2), ("rescue", 0.05)):
+        (tmp_path / name).mkdir()
+        lines = [{"step": s, "train/replay_fraction": share, "train/replays_per_group": 2 * share,
+                  "train/replay_age_mean": s + 1, "pool/answers": 10 + s} for s in (1, 2, 3)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "replay.png"
+    result = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "uniform"),
+                             str(tmp_path / "rescue"), "-o", str(out), "--replay"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["train/replay_fraction"]["rescue"] == [[1, 0.05], [2, 0.05], [3, 0.05]]
+    assert data["pool/answers"]["uniform"] == [[1, 11.0], [2, 12.0], [3, 13.0]]
+    assert data["train/acc_replay"] == {"uniform": [], "rescue": []}  # not logged: empty

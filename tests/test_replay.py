@@ -113,3 +113,107 @@ def test_replays_repeat_stored_answers_unless_distinct():
     pool = ExperiencePool({question_key(example("q")): stored})
     assert plan_group(example("q"), pool, 4, 3, True, 1, 0)[1] == 4 + 3 - 3
     assert plan_group(example("q"), pool, 4, 3, True, 1, 0, distinct=True)[1] == 4 + 3 - 2
+
+
+def test_strategy_weights_and_coins_by_hand():
+    from megatron_rlep.replay import coin, priority_weight, replays_before_generation
+
+    assert priority_weight(0.5, 0.1) == 1.0 and priority_weight(0.25, 0.1) == 0.75
+    assert priority_weight(0.0, 0.1) == priority_weight(1.0, 0.1) == 0.1
+    assert priority_weight(None, 0.1) == 1.0  # unknown: replay
+    assert coin(1, 2, "q") == coin(1, 2, "q") != coin(1, 3, "q")
+    assert all(replays_before_generation("uniform", 1, s, "q") for s in range(20))
+    assert not any(replays_before_generation("rescue", 1, s, "q") for s in range(20))
+    assert not any(replays_before_generation("priority", 1, s, "q", 1.0, 0.0) for s in range(20))
+    chosen = sum(replays_before_generation("priority", 1, s, "q", 0.25, 0.0) for s in range(4000))
+    assert abs(chosen - 3000) < 150  # weight 0.75; sd about 27
+
+
+def test_recent_takes_the_newest_versions_and_equals_uniform_on_a_frozen_pool():
+    from megatron_rlep.replay import choose
+
+    texts, versions = ("a", "b", "c", "d"), (0, 1, 1, 2)
+    picks = {tuple(choose(texts, 2, 1, s, "q", versions=versions, recent=True)) for s in range(30)}
+    assert {p[0] for p in picks} == {"d"} and {p[1] for p in picks} == {"b", "c"}
+    assert choose(texts, 1, 1, 0, "q", versions=versions, recent=True) == ["d"]
+    for s in range(10):
+        assert choose(texts, 2, 1, s, "q", versions=(3,) * 4, recent=True) == \
+            sample_replays(texts, 2, 1, s, "q")
+
+
+def test_pass_rates_start_at_the_pool_rate_and_follow_fresh_answers():
+    from megatron_rlep.replay import PassRates
+
+    rates = PassRates()
+    assert rates.rate("q") is None and rates.rate("q", prior=0.5) == 0.5
+    rates.add("q", [True, False])
+    assert rates.rate("q", prior=0.5) == (1 + 4 * 0.5) / (2 + 4) and rates.rate("q") == 0.5
+    rates.add("q", [True, True])
+    assert rates.rate("q") == 0.75 and rates.rate("q", prior=0.5) == 5 / 8
+    assert PassRates.from_state(rates.state()).counts == rates.counts == {"q": [3, 4]}
+
+
+def test_priority_and_rescue_plan_groups_of_g_and_rescue_replays_only_where_none_is_right():
+    from megatron_rlep.groups import Group, Sample, rescue_replays
+
+    pool = ExperiencePool({question_key(example("full")): ANSWERS})
+    assert plan_group(example("full"), pool, 4, 2, True, 1, 0, strategy="rescue") == ([], 4)
+    assert plan_group(example("full"), pool, 4, 2, True, 1, 0, strategy="priority", rate=0.0) == ([], 4)
+    replays, fresh = plan_group(example("full"), pool, 4, 2, True, 1, 0, strategy="priority",
+                                rate=0.5)
+    assert len(replays) == 2 and fresh == 4
+    group = Group(example("full"), (1,), [], 4, [Sample((2,), "x", False, True) for _ in range(4)])
+    assert rescue_replays(group, pool, 2, 1, 0) == sample_replays(ANSWERS, 2, 1, 0,
+                                                                   question_key(example("full")))
+    group.samples[0].correct = True
+    assert rescue_replays(group, pool, 2, 1, 0) == []
+    assert rescue_replays(Group(example("absent"), (1,), [], 4), pool, 2, 1, 0) == []
+
+
+def test_a_replay_keeps_the_token_ids_and_log_probs_it_was_sampled_with():
+    tok = CharTokenizer()
+    s = replay_sample("ab", tok, 5, sampled=([97, 98, 0], [-0.1, -0.2, -0.3]))
+    assert s.response_ids == (97, 98, 0) and s.logprobs == (-0.1, -0.2, -0.3) and s.finished
+    cut = replay_sample("ab", tok, 2, sampled=([97, 98, 0], [-0.1, -0.2, -0.3]))
+    assert cut.response_ids == (97, 98) and cut.logprobs == (-0.1, -0.2) and not cut.finished
+
+
+def test_live_pool_renews_answers_evicts_the_oldest_and_round_trips(tmp_path):
+    from megatron_rlep.pool import Answer
+
+    pool, q = ExperiencePool({}), example("q")
+    pool.add(q, [Answer("a", 0, (5, 0), (-0.5, -0.25), '{"step": 0}'), Answer("b", 0)], cap=3)
+    pool.add(q, [Answer("c", 1), Answer("a", 2, (6, 0), (-1.0, -2.0), '{"step": 2}')], cap=3)
+    assert pool.answers(q) == ("b", "c", "a") and pool.versions(q) == (0, 1, 2)  # a renewed
+    pool.add(q, [Answer("d", 3)], cap=3)  # b, the oldest, goes
+    assert pool.answers(q) == ("c", "a", "d") and pool.version_of(q, "a") == 2
+    assert pool.sampled_as(q, "a") == ([6, 0], [-1.0, -2.0]) and pool.sampled_as(q, "c") is None
+    pool.write(tmp_path / "live", {"test": True})
+    back = ExperiencePool.load(tmp_path / "live")
+    assert back.entries == pool.entries and back.pass_rate(q) is None
+    assert back.version_of(q, "zzz") == -1  # not in the pool: as a built pool's answers
+
+
+def test_refresh_takes_verified_finished_fresh_answers_with_provenance():
+    import json
+    from types import SimpleNamespace
+
+    from megatron_rlep.config import Config
+    from megatron_rlep.groups import Group, Sample
+    from megatron_rlep.train import Trainer
+
+    cfg = Config()
+    cfg.algorithm.replay.cap = 2
+    trainer = SimpleNamespace(cfg=cfg, pool=ExperiencePool({}), run_dir="runs/x")
+    q = example("q")
+    samples = [Sample((1, 0), "right", False, True, correct=True, logprobs=(-0.5, -0.5)),
+               Sample((2,), "right but cut", False, False, correct=True),
+               Sample((3, 0), "wrong", False, True, correct=False),
+               Sample((4, 0), "replayed", True, True, correct=True)]
+    Trainer.refresh_pool(trainer, [Group(q, (9,), ["replayed"], 3, samples)], step=7)
+    (answer,) = trainer.pool.entries[question_key(q)]
+    assert (answer.text, answer.version, answer.token_ids, answer.logprobs) == \
+        ("right", 7, (1, 0), (-0.5, -0.5))
+    record = json.loads(answer.provenance)
+    assert record["step"] == 7 and record["source"] == "runs/x" and record["verifier"] == "dapo"
+    assert record["temperature"] == cfg.rollout.temperature

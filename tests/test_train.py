@@ -144,26 +144,6 @@ def test_rlep_steps_under_two_processes(assets, tmp_path, layout, engine):
 
 
 @pytest.mark.e2e
-def test_resume_continues_the_same_streams(assets, tmp_path):
-    warmup = "algorithm.warmup_steps=2"  # counted in rollout steps: both updates of a step alike
-    train(assets, tmp_path / "straight", warmup, steps=3)
-    train(assets, tmp_path / "resumed", warmup, steps=1)
-    train(assets, tmp_path / "resumed", warmup, steps=3)
-    for step in range(3):
-        a = json.loads((tmp_path / "straight" / "batches" / f"step-{step:06d}.json").read_text())
-        b = json.loads((tmp_path / "resumed" / "batches" / f"step-{step:06d}.json").read_text())
-        assert [g["prompt_ids"] for g in a] == [g["prompt_ids"] for g in b], step
-        assert [g["replays"] for g in a] == [g["replays"] for g in b], step
-        assert [[s["response_ids"] for s in g["samples"]] for g in a] == \
-               [[s["response_ids"] for s in g["samples"]] for g in b], step
-    steps = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2, 3]
-    for run in ("straight", "resumed"):
-        rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-        assert [r["actor/lr"] for r in rows if "actor/lr" in r] == pytest.approx([5e-4, 1e-3, 1e-3])
-
-
-@pytest.mark.e2e
 def test_dynamic_sampling_keeps_whole_aligned_groups(assets, tmp_path):
     # the random tiny model never answers right: only groups holding replays have mixed rewards
     train(assets, tmp_path / "run", "algorithm.dynamic_sampling=true",
@@ -230,3 +210,80 @@ def test_local_multirun_sweep_gives_each_job_its_own_run_dir(assets, tmp_path):
         record = next((run / "wandb").glob("offline-run-*/run-*.wandb"))
         assert f"seed={seed}".encode() in record.read_bytes()  # named after its overrides
     assert not (base / "metrics.jsonl").exists()
+
+
+@pytest.mark.e2e
+def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_path):
+    # one process runs each setting straight for 2 steps, and stopped after step 1 then resumed:
+    # the same prompts, replays and sampled answers, and the same learning rates
+    model, pool = assets
+    sampled = tiny.with_sampled_logprobs(pool, tmp_path / "sampled", model)
+    settings = {
+        # warm-up counted in rollout steps: both updates of a step alike, resumed or not
+        "uniform": ["algorithm.warmup_steps=2"],
+        "rescue-token-is": ["algorithm.replay.strategy=rescue", "algorithm.correction.is_level=token",
+                            "algorithm.correction.rs_level=token",
+                            "algorithm.correction.rs_threshold=1.5"],
+        "priority-down-weight": ["algorithm.replay.strategy=priority",
+                                 "algorithm.replay.priority_floor=0.3",
+                                 "algorithm.correction.replay=down_weight"],
+        "recent-stored-live": ["algorithm.replay.strategy=recent", "algorithm.replay.refresh=true",
+                               "algorithm.correction.replay=stored", f"algorithm.pool={sampled}"]}
+    script = Path(__file__).parent / "helpers" / "replay_runs.py"
+    argv = [sys.executable, str(script), str(tmp_path), str(model), str(pool), json.dumps(settings)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env(argv))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    def batches(name, run):
+        return [json.loads((tmp_path / name / run / "batches" / f"step-{s:06d}.json").read_text())
+                for s in range(2)]
+
+    def metrics(name, run):
+        return [json.loads(x) for x in (tmp_path / name / run / "metrics.jsonl").read_text().splitlines()]
+
+    for name in settings:
+        straight, resumed = batches(name, "straight"), batches(name, "resumed")
+        for a, b in zip(straight, resumed):
+            assert [g["prompt_ids"] for g in a] == [g["prompt_ids"] for g in b], name
+            assert [g["replays"] for g in a] == [g["replays"] for g in b], name
+            assert [[s["response_ids"] for s in g["samples"]] for g in a] == \
+                   [[s["response_ids"] for s in g["samples"]] for g in b], name
+        steps = [x["step"] for x in metrics(name, "resumed")]
+        assert steps == [1, 2], (name, steps)  # one line per step, none repeated on resume
+        for run in ("straight", "resumed"):
+            lrs = [x["actor/lr"] for x in metrics(name, run)]
+            assert lrs == pytest.approx([5e-4, 1e-3] if name == "uniform" else [1e-3, 1e-3])
+        last = metrics(name, "resumed")[-1]
+        assert last["actor/loss"] == pytest.approx(metrics(name, "straight")[-1]["actor/loss"], rel=1e-4)
+        groups = [g for step in straight for g in step]
+        if name.startswith("rescue"):  # replays only after G fresh answers, none of them right
+            assert any(g["replays"] for g in groups)
+            for g in groups:
+                if g["replays"]:
+                    assert g["fresh_requested"] == G
+                    assert not any(s["correct"] for s in g["samples"] if not s["replay"])
+            assert "correction/fresh/is_weight_mean" in last and last["correction/fresh/rejected_fraction"] < 0.5
+        if name.startswith("priority"):
+            assert last["correction/replay/is_weight_mean"] == 0.5
+            state = json.loads((tmp_path / name / "resumed" / "checkpoints" / "step-000002" /
+                                "actor_checkpoint.json").read_text())
+            seen = sum(n for _, n in state["extra"]["pass_rates"]["counts"].values())
+            assert seen == sum(len([s for s in g["samples"] if not s["replay"]]) for g in groups)
+        if name.startswith("recent"):
+            for g in groups:
+                for s in g["samples"]:
+                    if s["replay"]:  # the ids and log-probs the pool recorded
+                        assert s["logprobs"] == [-0.5] * len(s["response_ids"])
+            # the random policy gives each token about 1/49152, far below the recorded e^-0.5
+            assert 0 < last["correction/replay/is_ratio_max"] < 1e-2
+            # the live pool is in the checkpoint (the random policy added nothing) and reads as
+            # a built one
+            from megatron_rlep.pool import ExperiencePool
+
+            live = tmp_path / name / "resumed" / "checkpoints" / "pool-000002"
+            assert ExperiencePool.load(live).entries == ExperiencePool.load(sampled).entries
+            assert last["train/replay_age_mean"] == 2  # built answers: from before step 0
+            stats = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" /
+                                                         "pool.py"), "stats", str(live)],
+                                   capture_output=True, text=True, timeout=300)
+            assert stats.returncode == 0 and "questions" in stats.stdout, stats.stderr[-2000:]

@@ -68,15 +68,18 @@ def shard_rows(examples: list[Example], completions, verifier: Verifier, cfg: Bu
         if cfg.finished_only:
             stats["unfinished_dropped"] += sum(not c.finished for c in good)
             good = [c for c in good if c.finished]
-        verified = {}  # key -> (text, length); with dedupe, exact duplicates share a key
+        verified = {}  # key -> completion; with dedupe, exact duplicates share a key
         for i, c in enumerate(good):
-            verified.setdefault(c.text if cfg.dedupe else i, (c.text, len(c.token_ids)))
+            verified.setdefault(c.text if cfg.dedupe else i, c)
         if len(verified) < cfg.min_correct:
             continue
-        texts, lengths = [t for t, _ in verified.values()], [n for _, n in verified.values()]
-        keep = select(texts, lengths, cfg.max_keep, cfg.keep, ex.question, cfg.seed)
-        rows.append(pool_row(ex, [texts[i] for i in keep], [lengths[i] for i in keep], len(good),
-                             len(group)))
+        kept = list(verified.values())
+        keep = select([c.text for c in kept], [len(c.token_ids) for c in kept], cfg.max_keep,
+                      cfg.keep, ex.question, cfg.seed)
+        kept = [kept[i] for i in keep]
+        rows.append(pool_row(ex, [c.text for c in kept], [len(c.token_ids) for c in kept],
+                             len(good), len(group), [list(c.token_ids) for c in kept],
+                             [list(c.logprobs) for c in kept]))
     return rows, stats
 
 

@@ -2,6 +2,7 @@
 
     python tools/plot.py RUN_DIR [RUN_DIR ...] -o curves.png [--metric val/acc] [--smooth K]
     python tools/plot.py BASELINE RLEP -o curves.png --paired [--threshold 0.6]
+    python tools/plot.py RUN_DIR [RUN_DIR ...] -o replay.png --replay
 
 Draws the metric against step for every run, marks each run's peak, and marks where a run first
 reaches another run's peak (the paper's "RLEP reaches the baseline's peak at step 135").
@@ -11,6 +12,10 @@ Writes the same numbers to ``curves.json`` next to the PNG.
 per-answer records (``RUN/validation/step-*.jsonl``): each run's accuracy gets a 95% band, a
 second panel draws the second run minus the first with its paired bootstrap interval, and
 ``curves.json`` holds megatron_rlep/paired.py's ``curves`` (per step, area, steps-to-threshold).
+
+``--replay`` draws the replay panel instead: one small plot per replay metric (``REPLAY``: the
+replayed share of sequences, effective M, replays' share of the advantage mass, their accuracy,
+their age, the pool's size), every run on each, and ``replay.json`` with the points.
 """
 
 from __future__ import annotations
@@ -49,6 +54,35 @@ def read_validation(run_dir: Path) -> dict[int, dict[str, float]]:
         raise FileNotFoundError(f"{run_dir / 'validation'} holds no step-*.jsonl; --paired needs "
                                 "runs whose trainer wrote per-answer validation records")
     return out
+
+
+REPLAY = ("train/replay_fraction", "train/replays_per_group", "train/replay_advantage_share",
+          "train/acc_replay", "train/replay_age_mean", "pool/answers")
+
+
+def plot_replay(runs: dict[str, Path], output: Path) -> dict:
+    """The replay panel of ``runs`` ({name: run dir}); returns {metric: {name: points}}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = {m: {n: read_curve(r, m) for n, r in runs.items()} for m in REPLAY}
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6), sharex=True)
+    for ax, (metric, per_run) in zip(axes.flat, data.items()):
+        for name, points in per_run.items():
+            if points:
+                ax.plot(*zip(*points), marker="o", markersize=2, label=name)
+        ax.set_title(metric, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+    return data
 
 
 def smooth(values: list[float], k: int) -> list[float]:
@@ -144,6 +178,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threshold", type=float, default=0.5,
                         help="with --paired: the fixed accuracy of steps-to-threshold")
     parser.add_argument("--seed", type=int, default=0, help="with --paired: bootstrap seed")
+    parser.add_argument("--replay", action="store_true", help="the replay panel (see above)")
     args = parser.parse_args(argv)
     names = args.names or [r.name for r in args.runs]
     if len(names) != len(args.runs):
@@ -154,6 +189,10 @@ def main(argv=None) -> int:
         return 2
     compared = None
     try:
+        if args.replay:
+            data = plot_replay(dict(zip(names, args.runs)), args.output)
+            args.output.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+            return 0
         raw = {n: read_curve(r, args.metric) for n, r in zip(names, args.runs)}
         if args.paired:
             from megatron_rlep.paired import curves as paired_curves

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from megatron_rlep.data import DataError  # noqa: E402
 from megatron_rlep.files import file_sha256, temporary_beside  # noqa: E402
-from megatron_rlep.pool import (check_rows, keep_candidates, read_rows, row_id,  # noqa: E402
-                                row_key, verify_rows, write_pool)
+from megatron_rlep.pool import (PER_CANDIDATE, check_rows, keep_candidates,  # noqa: E402
+                                read_rows, row_id, row_key, verify_rows, write_pool)
 
 
 def candidates(row: dict) -> list[str]:
@@ -140,18 +140,20 @@ def merge_rows(pools: list[tuple[str, list[dict]]]) -> list[dict]:
 
 def combine(a: dict, b: dict) -> dict:
     texts = list(dict.fromkeys(candidates(a) + candidates(b)))
-    lengths = None
-    if a.get("candidate_lengths") is not None and b.get("candidate_lengths") is not None:
-        known = dict(zip(candidates(b), b["candidate_lengths"]))
-        known.update(zip(candidates(a), a["candidate_lengths"]))
-        lengths = [known[t] for t in texts]
+    columns = {}
+    for column in PER_CANDIDATE:  # kept where both pools have the column
+        columns[column] = None
+        if a.get(column) is not None and b.get(column) is not None:
+            known = dict(zip(candidates(b), b[column]))
+            known.update(zip(candidates(a), a[column]))
+            columns[column] = [known[t] for t in texts]
     rate = samples = None
     if a.get("samples") and b.get("samples") and a.get("pass_rate") is not None \
             and b.get("pass_rate") is not None:
         samples = a["samples"] + b["samples"]
         rate = (a["pass_rate"] * a["samples"] + b["pass_rate"] * b["samples"]) / samples
-    return {**a, "reward_model": {**a["reward_model"], "candidates": texts},
-            "candidate_lengths": lengths, "pass_rate": rate, "samples": samples}
+    return {**a, "reward_model": {**a["reward_model"], "candidates": texts}, **columns,
+            "pass_rate": rate, "samples": samples}
 
 
 def measure(rows: list[dict], tokenizer_name: str) -> list[dict]:

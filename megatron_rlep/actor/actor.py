@@ -204,6 +204,8 @@ class Actor:
         logp, entropy = self._scored(mb, hidden, "grad" if a.entropy_coef else "detached")
         pg, clipped, dual = objective.policy_token_loss(
             logp, mb.old_logp, mb.advantages, a.clip_low, a.clip_high, a.dual_clip)
+        if mb.weights is not None:  # off-policy correction's importance weights
+            pg = pg * mb.weights
         per_token = pg
         kl = torch.zeros_like(pg)
         if a.kl_coef:

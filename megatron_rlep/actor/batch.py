@@ -25,6 +25,9 @@ class SequenceBatch:
     advantages: Optional[torch.Tensor] = None  # [N], training only
     old_logp: Optional[list[torch.Tensor]] = None  # per sequence, [response length]
     ref_logp: Optional[list[torch.Tensor]] = None  # per sequence, only with a KL term
+    # off-policy correction (megatron_rlep/correction.py), per sequence, [response length]:
+    weights: Optional[list[torch.Tensor]] = None  # importance weights of the token losses
+    kept: Optional[list[torch.Tensor]] = None  # tokens rejection keeps in the loss (bool)
 
     def __post_init__(self):
         if len(self.tokens) != len(self.prompt_lengths):
@@ -71,20 +74,22 @@ class MicroBatch:
     loss_mask: torch.Tensor  # [b, s] bool
     old_logp: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
     ref_logp: Optional[torch.Tensor] = None
+    weights: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
     advantages: Optional[torch.Tensor] = None  # [b, 1]
 
 
 def collate(batch: SequenceBatch, index: list[int], device: torch.device) -> MicroBatch:
-    """Right-padded tensors of the sequences ``index``."""
+    """Right-padded tensors of the sequences ``index``; tokens rejection dropped (``kept``)
+    leave the loss mask."""
     width = max(len(batch.tokens[i]) for i in index)
     tokens = torch.zeros(len(index), width, dtype=torch.long)
     mask = torch.zeros(len(index), width, dtype=torch.bool)
-    aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp}
+    aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp, "weights": batch.weights}
     out = {k: torch.zeros(len(index), width) if v is not None else None for k, v in aligned.items()}
     for row, i in enumerate(index):
         ids, p = batch.tokens[i], batch.prompt_lengths[i]
         tokens[row, :len(ids)] = torch.tensor(ids)
-        mask[row, p - 1:len(ids) - 1] = True
+        mask[row, p - 1:len(ids) - 1] = True if batch.kept is None else batch.kept[i]
         for key, values in aligned.items():
             if values is not None:
                 out[key][row, p - 1:len(ids) - 1] = values[i]

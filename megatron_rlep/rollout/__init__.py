@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,10 @@ def _say_once(message: str) -> None:
 
 
 def _mp_rank() -> int:
-    """This rank's place in its model-parallel group (0 without Megatron's parallel state)."""
+    """This rank's place in its model-parallel group (0 without Megatron's parallel state; a
+    process that never imported Megatron-Core, a tool's, has none and skips its 4-s import)."""
+    if "megatron.core.parallel_state" not in sys.modules:
+        return 0
     from megatron.core import parallel_state as ps
 
     return ps.get_model_parallel_group().rank() if ps.model_parallel_is_initialized() else 0

@@ -1,8 +1,12 @@
 """The actor on one layout, run alone or under torchrun (tests/test_actor.py drives it).
 
     actor_cpu.py make MODEL_DIR llama|qwen2 tied|untied
-    actor_cpu.py step MODEL_DIR TP PP OUT [TP PP OUT ...]  # checks, one update, save; per layout
+    actor_cpu.py step MODEL_DIR TP PP OUT     # checks, one update, save
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
+
+Commands chain with ``+`` and run one after another in one process (one process group, with
+Megatron's parallel state rebuilt for each actor), so the imports are paid once:
+``actor_cpu.py make M llama untied + step M 1 1 OUT``.
 
 ``step`` asserts logits and log-probs equal transformers' (1e-4) and a bit-exact export, then
 does one optimiser update on a fixed batch and writes OUT/weights.safetensors (exported after
@@ -151,22 +155,27 @@ def load(model_dir, outs):
         # same weights; the saving layout summed its TP/PP partial results in another order
         diff = (actor.logits(probe) - torch.load(out / "logits.pt")).abs().max().item()
         assert diff < 1e-5, f"logits differ by {diff} after loading {out}"
-        print(f"OK load {out.name} logit_diff={diff:.1e}")
+        print(f"OK load {out} logit_diff={diff:.1e}")
 
 
 if __name__ == "__main__":
-    command, *args = sys.argv[1:]
-    if command == "make":
-        make(*args)
-    elif command == "step":  # several layouts in one process group: Megatron's state rebuilt
-        for i in range(1, len(args), 3):
-            if i > 1:
-                from megatron.core import parallel_state
+    argv, commands = sys.argv[1:], [[]]
+    for arg in argv:
+        if arg == "+":
+            commands.append([])
+        else:
+            commands[-1].append(arg)
+    for command, *args in commands:
+        from megatron.core import parallel_state
 
-                parallel_state.destroy_model_parallel()
-            step(args[0], int(args[i]), int(args[i + 1]), args[i + 2])
-    elif command == "load":
-        load(args[0], args[1:])
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if command == "make":
+            make(*args)
+        elif command == "step":
+            step(args[0], int(args[1]), int(args[2]), args[3])
+        elif command == "load":
+            load(args[0], args[1:])
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

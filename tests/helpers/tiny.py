@@ -54,6 +54,25 @@ def make_pool(out: str | Path, train_size: int, levels, seed: int) -> Path:
     return Path(out)
 
 
+def with_sampled_logprobs(release: str | Path, out: str | Path, model: str | Path,
+                          logprob: float = -0.5) -> Path:
+    """``release`` as a pool directory whose answers carry token ids (EOS appended) and a
+    behaviour log-prob of ``logprob`` per token, as tools/build_pool.py records them."""
+    from transformers import AutoTokenizer
+
+    from megatron_rlep.pool import read_rows, write_pool
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = []
+    for row in read_rows(release):
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+               for t in row["reward_model"]["candidates"]]
+        rows.append({**row, "candidate_token_ids": ids,
+                     "candidate_logprobs": [[logprob] * len(x) for x in ids]})
+    write_pool(rows, out, {"tool": "tests/helpers/tiny.py"})
+    return Path(out)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "model":
         make_model(sys.argv[2])
