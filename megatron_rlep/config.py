@@ -35,6 +35,9 @@ class RunError(RuntimeError):
 class ModelConfig:
     path: str = "smollm2-135m"  # a built-in name or a Hugging Face checkpoint directory
     dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
+    # layer specs: auto = Transformer Engine when it imports (else local, said once);
+    # transformer_engine = stop when TE does not import; local = Megatron-Core's local specs
+    transformer_impl: str = "auto"
 
 
 @dataclass
@@ -264,6 +267,7 @@ _CHOICES = {
     "logging.wandb": ("online", "offline", "disabled"),
     "verifier.mode": ("dapo", "math"),
     "model.dtype": ("auto", "float32", "bfloat16"),
+    "model.transformer_impl": ("auto", "transformer_engine", "local"),
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
     "wandb": ("online", "offline", "disabled"),
 }

@@ -60,21 +60,28 @@ def backend() -> str:
 
 
 @functools.cache
-def have_transformer_engine() -> bool:
+def transformer_engine_unavailable() -> str | None:
+    """None when Transformer Engine imports (on a GPU), else why not, in a few words."""
     if not has_cuda():
-        return False  # TE's import can fail on CPU machines in ways Megatron-Core does not catch.
+        return "no CUDA device"  # TE's import can fail on CPU machines in ways Megatron misses
     try:
         import transformer_engine  # noqa: F401
-    except Exception:
-        return False
-    return True
+    except Exception as error:
+        return f"it does not import ({type(error).__name__}: {str(error)[:200]})"
+    return None
 
 
-def layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False):
-    """Transformer Engine layer specs when TE imports, Megatron-Core's local specs otherwise."""
+def have_transformer_engine() -> bool:
+    return transformer_engine_unavailable() is None
+
+
+def layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False,
+               transformer_engine: bool | None = None):
+    """Transformer Engine layer specs (by default when TE imports), Megatron-Core's local specs
+    otherwise."""
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if have_transformer_engine():
+    if have_transformer_engine() if transformer_engine is None else transformer_engine:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
     return gpt_layer_specs.get_gpt_layer_local_spec(
         normalization=normalization, qk_layernorm=qk_layernorm

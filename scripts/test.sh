@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite. Extra arguments go to pytest, e.g.  scripts/test.sh -k verifier
+# The test suite on two workers (pytest-xdist; whole files per worker, TEST_WORKERS=0 runs it in
+# one process). Extra arguments go to pytest, e.g.  scripts/test.sh -k verifier
 source "$(dirname "$0")/env.sh"
 # The Slurm tests start a one-node cluster on this host: Debian's slurm-wlm and munge, once.
 if ! command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -8,4 +9,4 @@ if ! command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v ap
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge >/dev/null
 fi
-exec python -m pytest -q "$@"
+exec python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -19,8 +19,26 @@ def test_missing_package_names_the_install_command(monkeypatch):
         builtin_model.gguf_file("smollm2-135m")
 
 
-def test_paths_pass_through():
-    assert builtin_model.resolve_model_path("/some/checkpoint") == "/some/checkpoint"
+def test_checkpoint_paths_pass_through_and_a_missing_one_is_one_sentence(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert builtin_model.resolve_model_path(str(tmp_path)) == str(tmp_path)
+    assert builtin_model.resolve_model_path("Qwen/Qwen2.5-Math-7B") == "Qwen/Qwen2.5-Math-7B"
+    with pytest.raises(FileNotFoundError, match=r"^model.path /checkpoints/x does not exist; .*"
+                                                r"\$QWEN_MATH_7B.*smollm2-135m$"):
+        builtin_model.resolve_model_path("/checkpoints/x")
+    with pytest.raises(FileNotFoundError, match="holds no config.json"):
+        builtin_model.resolve_model_path(str(tmp_path.parent))
+
+
+def test_a_paper_preset_without_its_checkpoint_stops_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "QWEN_MATH_7B"}
+    done = subprocess.run([sys.executable, "-m", "megatron_rlep.train", "experiment=dapo_nodyn_bs64",
+                           f"run_dir={tmp_path}", "logging.wandb=disabled"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "error: model.path /checkpoints/Qwen2.5-Math-7B does not exist;")
+    assert "Apex" not in done.stderr and "full scope" not in done.stderr  # Megatron's import warnings
 
 
 @pytest.mark.e2e

@@ -47,14 +47,14 @@ def overrides(assets, steps, *extra):
             "logging.wandb=offline", "logging.progress=false", *extra]
 
 
-def submit(cluster, script, run_dir, args, nproc=1, sbatch=()):
+def submit(cluster, script, run_dir, args, nproc=1, sbatch=(), cpus=None):
     env = {"MEGATRON_RLEP_VENV": sys.prefix, "NPROC_PER_NODE": str(nproc), "RUN_DIR": str(run_dir),
            "PYTHONWARNINGS": "ignore"}
     exports = "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
     array = any(a.startswith("--array") for a in sbatch)
     out = run_dir.parent / f"{run_dir.name}-{'%A_%a' if array else '%j'}.out"
     job = cluster.run("sbatch", "--parsable", f"--export={exports}", f"--chdir={REPO}",
-                      f"--output={out}", f"--cpus-per-task={cluster.cpus}", *sbatch,
+                      f"--output={out}", f"--cpus-per-task={cpus or cluster.cpus}", *sbatch,
                       str(REPO / "slurm" / script), *args)
     job = job.split(";")[0]
     return job, Path(str(out).replace("%j", job).replace("%A", job))
@@ -108,7 +108,7 @@ def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):
     base = tmp_path / "sweep"
     job, log = submit(cluster, "sweep.sbatch", base,
                       overrides(assets, 1, "logging.eval_every=0") + ["seed=1,2"],
-                      sbatch=("--array=0-1",))
+                      sbatch=("--array=0-1",), cpus=1)  # one CPU each: the two tasks run at once
     for index, seed in ((0, 1), (1, 2)):
         task_log = Path(str(log).replace("%a", str(index)))
         assert cluster.wait(f"{job}_{index}") == "COMPLETED", task_log.read_text()[-3000:]

@@ -26,20 +26,43 @@ from megatron_rlep.actor.batch import SequenceBatch, causal_mask, collate, dp_sl
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
+def _use_transformer_engine(impl: str) -> bool:
+    """``model.transformer_impl``: whether the layers use Transformer Engine; the reason it does
+    not goes out once, in one line (Megatron-Core's own import warnings are silenced)."""
+    from megatron_rlep.config import RunError
+
+    reason = platform.transformer_engine_unavailable()
+    if impl == "transformer_engine" and reason:
+        raise RunError(f"model.transformer_impl=transformer_engine, but Transformer Engine is "
+                       f"unusable here: {reason}; install the gpu extra (pip install .[gpu]) on "
+                       "a CUDA machine or set model.transformer_impl=auto")
+    use = impl != "local" and reason is None
+    if not use and (not dist.is_initialized() or dist.get_rank() == 0):
+        why = "model.transformer_impl=local" if impl == "local" else f"Transformer Engine: {reason}"
+        print(f"Megatron-Core runs its local layer specs with torch kernels ({why}; Apex is not "
+              "used)", flush=True)
+    return use
+
+
 _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")
 
 
 class Actor:
     def __init__(self, model_path: str, algorithm, tensor_parallel: int = 1,
                  pipeline_parallel: int = 1, micro_batch_size: int = 4, dtype: str = "auto",
-                 temperature: float = 1.0, seed: int = 1234):
+                 temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto"):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
         from transformers import AutoConfig
 
-        platform.init_distributed(tensor_parallel, pipeline_parallel, seed)
-        self.hf_path = resolve_model_path(model_path)
+        from megatron_rlep.config import RunError
+
+        self.hf_path = resolve_model_path(model_path)  # a missing checkpoint: one sentence, first
+        try:
+            platform.init_distributed(tensor_parallel, pipeline_parallel, seed)
+        except ValueError as err:  # parallel sizes that do not fit the ranks started
+            raise RunError(str(err)) from None
         self.hf_config = AutoConfig.from_pretrained(self.hf_path)
         self.algorithm = algorithm
         self.micro_batch_size = micro_batch_size
@@ -48,8 +71,9 @@ class Actor:
         self.device = platform.device()
         config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
                                            self.dtype, cpu=not platform.has_cuda())
-        spec = platform.layer_spec()
-        if not platform.have_transformer_engine():
+        use_te = _use_transformer_engine(transformer_impl)
+        spec = platform.layer_spec(transformer_engine=use_te)
+        if not use_te:
             spec = attention.with_sdpa(spec)
         model = bridge.gpt_model(self.hf_config, config, spec).to(self.device)
         bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)

@@ -174,6 +174,7 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
         calculate_per_token_loss=True,
+        cuda_graph_scope=[],  # the default "full" only warns that it is deprecated
     )
     # Micro-batches are padded to their own length, so pipeline stages exchange shapes. Set
     # after construction: the constructor's check on this flag concerns MoE dispatchers only.

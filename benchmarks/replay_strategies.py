@@ -1,0 +1,129 @@
+"""The replay strategies against the DAPO baseline on the built-in demo's settings.
+
+    python benchmarks/replay_strategies.py [--seeds 1 2 3] [--root runs/replay-strategies] \
+        [--arms rescue priority refresh] [--json docs/replay_strategies.json] [overrides ...]
+
+Per seed: ``python -m megatron_rlep.demo seed=K out=ROOT/seed-K`` (the baseline, its pool, RLEP
+with the paper's ``uniform`` replay, evaluations, report; a finished seed is not run again),
+then one more RLEP run per arm from the same base model, seed and pool, differing only in the
+arm's settings (``ARMS``), in ``ROOT/seed-K/<arm>``. Every run validates on the same held-out
+questions with the same sampling seeds, so each arm is compared with the baseline point by
+point: the difference of the area under the validation curve and of the last point, with 95%
+paired bootstrap intervals over questions (megatron_rlep/paired.py), and the cost as the ratio of
+its mean step time to the baseline's. Over seeds: the mean difference with a 95% t-interval.
+Reported whatever it shows; nothing is tuned on the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+ARMS = {
+    "uniform": [],  # the demo's own RLEP run
+    "rescue": ["algorithm.replay.strategy=rescue"],
+    "priority": ["algorithm.replay.strategy=priority"],
+    "refresh": ["algorithm.replay.refresh=true", "algorithm.replay.strategy=recent"],
+}
+
+
+def arm_run(out: Path, arm: str, extra: list[str]) -> Path:
+    """The arm's training run (the demo's RLEP command plus the arm's settings); resumes."""
+    from megatron_rlep.config import compose
+    from megatron_rlep.demo import split_arguments, training_overrides
+
+    if arm == "uniform":
+        return out / "rlep"
+    mine, train_extra = split_arguments(extra)
+    cfg = compose([f"out={out}", *mine], "demo")
+    argv = training_overrides(cfg, train_extra, "rlep", out)
+    argv = [a for a in argv if not a.startswith("run_dir=")] + [f"run_dir={out / arm}", *ARMS[arm]]
+    if not (out / arm / "hf").is_dir():
+        subprocess.run([sys.executable, "-m", "megatron_rlep.train", *argv], check=True)
+    return out / arm
+
+
+def step_seconds(run_dir: Path) -> float:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    values = [r["time/step_s"] for r in rows if r.get("time/step_s") is not None]
+    return sum(values) / len(values)
+
+
+def compare(out: Path, run_dir: Path, seed: int) -> dict:
+    from megatron_rlep import paired
+    from plot import read_validation
+
+    base, other = read_validation(out / "baseline"), read_validation(run_dir)
+    c = paired.curves(base, other, 0.6, seed=seed)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def mean(key):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    return {"area": c["area"], "last": c["per_step"][-1],
+            "step_time_ratio": step_seconds(run_dir) / step_seconds(out / "baseline"),
+            "replay_fraction": mean("train/replay_fraction"),
+            "groups_with_replays": mean("train/groups_with_replays"),
+            "replay_advantage_share": mean("train/replay_advantage_share")}
+
+
+def markdown(table: dict, pooled_rows: dict) -> str:
+    def d(x):
+        return f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+
+    def p(x):
+        return f"{x['mean']:+.3f}" if x["low"] is None else \
+            f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+
+    lines = ["| arm | seed | area - baseline | last point - baseline | step time / baseline | "
+             "replay fraction | groups with replays | replays' advantage share |",
+             "|" + "---|" * 8]
+    for arm, rows in table.items():
+        for seed, r in rows.items():
+            lines.append(f"| {arm} | {seed} | {d(r['area'])} | {d(r['last'])} | "
+                         f"{r['step_time_ratio']:.2f} | {r['replay_fraction']:.3f} | "
+                         f"{r['groups_with_replays']:.2f} | {r['replay_advantage_share']:.3f} |")
+        pool = pooled_rows[arm]
+        lines.append(f"| {arm} | pooled ({pool['area']['seeds']} seeds, 95% t) | {p(pool['area'])} "
+                     f"| {p(pool['last'])} | | | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from demo_seeds import pooled
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--root", type=Path, default=Path("runs/replay-strategies"))
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--json", type=Path)
+    args, extra = parser.parse_known_args(argv)
+    table: dict = {arm: {} for arm in args.arms}
+    for seed in args.seeds:
+        out = (args.root / f"seed-{seed}").resolve()
+        if not (out / "report.json").is_file():
+            subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"seed={seed}",
+                            f"out={out}", *extra], check=True)
+        for arm in args.arms:
+            table[arm][seed] = compare(out, arm_run(out, arm, [f"seed={seed}", *extra]), seed)
+    pooled_rows = {arm: {k: pooled([r[k]["diff"] for r in rows.values()]) for k in ("area", "last")}
+                   for arm, rows in table.items()}
+    text = markdown(table, pooled_rows)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps({"arms": {a: ARMS[a] for a in args.arms}, "table": table,
+                                         "pooled": pooled_rows, "overrides": extra}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
