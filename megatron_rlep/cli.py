@@ -21,9 +21,31 @@ def fail(err: Exception) -> None:
     sys.exit(2)
 
 
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def helpers_die_with_me() -> None:
+    """Every process this one forks from now on - Megatron-Core's checkpoint writers, forked
+    verifier workers - is killed when this one dies, by SIGKILL too: a killed job leaves no
+    orphan holding its memory. (Children started with exec, like the demo's stages, pass
+    ``preexec_fn=die_with_parent`` themselves.)"""
+    import os
+
+    os.register_at_fork(after_in_child=die_with_parent)
+
+
 def hydra_entry(job: Callable[[Config], object], config_name: str = "config") -> None:
-    """Run ``job(config)`` under Hydra (``-m`` sweeps included) with user errors as one line."""
+    """Run ``job(config)`` under Hydra (``-m`` sweeps included) with user errors as one line;
+    the processes it forks die with it (``helpers_die_with_me``)."""
     import hydra
+
+    helpers_die_with_me()
 
     try:
         check_overrides(sys.argv[1:], config_name)

@@ -165,8 +165,10 @@ def run_stage(stage: Stage, log: Path, index: int, count: int, started: float,
               progress: bool) -> float:
     """Run ``stage`` with its output in ``log`` and a bar over its progress files; returns its
     seconds. A SIGTERM or SIGINT reaches the child as SIGTERM (the trainer then finishes its step
-    and checkpoints), a second one as SIGKILL."""
+    and checkpoints), a second one as SIGKILL; a demo killed outright takes the stage with it."""
     from tqdm.auto import tqdm
+
+    from megatron_rlep.cli import die_with_parent
 
     log.parent.mkdir(parents=True, exist_ok=True)
     live = sys.stderr.isatty()  # a bar on a terminal; in a log file a line per finished unit
@@ -190,7 +192,7 @@ def run_stage(stage: Stage, log: Path, index: int, count: int, started: float,
         sink.flush()
         # its own session: a terminal's Ctrl-C reaches the stage only through ``forward``
         child = subprocess.Popen(stage.argv, stdout=sink, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=die_with_parent)
         stopping = []
 
         def forward(signum, frame):  # first signal: stop at the step end; second: at once

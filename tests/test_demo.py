@@ -262,3 +262,48 @@ def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_p
     assert uniform["step_time_ratio"] == pytest.approx(1.5)
     assert [rescue[s]["last"]["diff"] for s in ("1", "2")] == [0.5, 0.75]
     assert result["pooled"]["rescue"]["last"]["mean"] == pytest.approx(0.625)
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    """The process has exited (a zombie nobody reaps counts as gone)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_entry_point_or_demo_leaves_no_process_behind(tmp_path):
+    # a process an entry point forks (Megatron-Core's checkpoint writers are forked so)
+    forks = ("import multiprocessing as mp, time\n"
+             "from megatron_rlep.cli import helpers_die_with_me\n"
+             "helpers_die_with_me()\n"
+             "p = mp.get_context('fork').Process(target=time.sleep, args=(120,)); p.start()\n"
+             "print(p.pid, flush=True); time.sleep(120)\n")
+    # a demo stage (started with exec)
+    stages = ("import sys, time\n"
+              "from pathlib import Path\n"
+              "from megatron_rlep.demo import Stage, run_stage\n"
+              f"pid = Path({str(tmp_path / 'stage.pid')!r})\n"
+              "argv = [sys.executable, '-c', f'import os, time; open({str(pid)!r}, \"w\")"
+              ".write(str(os.getpid())); time.sleep(120)']\n"
+              "run_stage(Stage('s', 's', argv, 1, 'x', lambda: 0), pid.with_suffix('.log'), 1, 1,"
+              " time.perf_counter(), False)\n")
+    for script, pid_file in ((forks, None), (stages, tmp_path / "stage.pid")):
+        parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        if pid_file is None:
+            child = int(parent.stdout.readline())
+        else:
+            deadline = time.time() + 60
+            while not (pid_file.is_file() and pid_file.read_text()) and time.time() < deadline:
+                time.sleep(0.1)
+            child = int(pid_file.read_text())
+        assert not _gone(child, 0.5), "the child never ran"
+        parent.kill()
+        parent.wait()
+        assert _gone(child), f"process {child} outlived its killed parent"
