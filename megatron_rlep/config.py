@@ -134,7 +134,10 @@ class ValidationConfig:
 class ParallelConfig:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    micro_batch_size: int = 4
+    micro_batch_size: int = 4  # sequences per micro-batch at most
+    # and tokens per micro-batch at most, padding included (0: no budget; verl's dynamic batch
+    # size): long answers go in small micro-batches, short ones in large
+    max_tokens_per_micro_batch: int = 0
 
 
 @dataclass
@@ -286,7 +289,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
-    "parallel.micro_batch_size": (1, None), "data.train_size": (1, None),
+    "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None), "data.train_size": (1, None),
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
     "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
     "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "validation.n": (1, None),

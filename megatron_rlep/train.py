@@ -100,7 +100,8 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.actor = Actor(cfg.model.path, a, cfg.parallel.tensor_parallel,
                            cfg.parallel.pipeline_parallel, cfg.parallel.micro_batch_size,
-                           cfg.model.dtype, r.temperature, cfg.seed, cfg.model.transformer_impl)
+                           cfg.model.dtype, r.temperature, cfg.seed, cfg.model.transformer_impl,
+                           cfg.parallel.max_tokens_per_micro_batch)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
                                   cfg.data.max_prompt_length + max(r.max_response_length,

@@ -87,3 +87,14 @@ def test_kl_k3_is_zero_at_equality_and_positive_elsewhere():
     ref = torch.tensor([-1.5, -1.0, -0.5])
     # delta = ref - logp = (-0.5, 1, 0): e^d - d - 1
     assert kl_k3(logp, ref).tolist() == pytest.approx([math.exp(-0.5) - 0.5, math.e - 2, 0.0])
+
+
+def test_micro_batches_by_count_or_by_a_token_budget():
+    from megatron_rlep.actor.batch import micro_batches
+
+    lengths = [100, 90, 30, 30, 20, 10, 10, 5]
+    assert micro_batches(list(range(8)), lengths, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # budget 120 padded tokens: 100 and 90 alone, then 4 x 30 = 120, then the count limit of 4
+    assert micro_batches(list(range(8)), lengths, 4, 120) == [[0], [1], [2, 3, 4, 5], [6, 7]]
+    assert micro_batches([0, 1], [200, 10], 4, 50) == [[0], [1]]  # longer than the budget: alone
+    assert micro_batches([7, 2, 5], lengths, 2, 1000) == [[2, 5], [7]]  # only this rank's share

@@ -50,7 +50,8 @@ _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens
 class Actor:
     def __init__(self, model_path: str, algorithm, tensor_parallel: int = 1,
                  pipeline_parallel: int = 1, micro_batch_size: int = 4, dtype: str = "auto",
-                 temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto"):
+                 temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto",
+                 max_tokens_per_micro_batch: int = 0):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -66,6 +67,7 @@ class Actor:
         self.hf_config = AutoConfig.from_pretrained(self.hf_path)
         self.algorithm = algorithm
         self.micro_batch_size = micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.temperature = temperature
         self.dtype = platform.compute_dtype(dtype)
         self.device = platform.device()
@@ -130,7 +132,8 @@ class Actor:
         lengths = [len(t) for t in batch.tokens]
         mine = dp_slice(lengths, self.dp_rank, self.dp_size)
         return [collate(batch, index, self.device)
-                for index in micro_batches(mine, lengths, self.micro_batch_size)]
+                for index in micro_batches(mine, lengths, self.micro_batch_size,
+                                           self.max_tokens_per_micro_batch)]
 
     def _response_logits(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab/tp] of the ``mask``ed positions ([b, s]) from hidden states [s, b, h]."""

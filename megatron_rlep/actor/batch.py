@@ -59,10 +59,23 @@ def dp_slice(lengths: list[int], rank: int, size: int) -> list[int]:
     return sorted(owned[rank])
 
 
-def micro_batches(indices: list[int], lengths: list[int], micro_batch_size: int) -> list[list[int]]:
-    """``indices`` grouped into micro-batches of similar length (longest first)."""
+def micro_batches(indices: list[int], lengths: list[int], micro_batch_size: int,
+                  max_tokens: int = 0) -> list[list[int]]:
+    """``indices`` grouped into micro-batches of similar length, longest first: at most
+    ``micro_batch_size`` sequences each and, with a token budget ``max_tokens`` > 0 (verl's
+    dynamic batch size), at most that many tokens once padded to the micro-batch's longest
+    sequence (a sequence longer than the budget goes alone). The loss is a sum over tokens
+    divided by the mini-batch's count, so the grouping changes no result beyond float rounding."""
     order = sorted(indices, key=lambda i: (-lengths[i], i))
-    return [order[k:k + micro_batch_size] for k in range(0, len(order), micro_batch_size)]
+    out: list[list[int]] = []
+    for i in order:
+        current = out[-1] if out else None
+        if current and len(current) < micro_batch_size and (
+                not max_tokens or (len(current) + 1) * lengths[current[0]] <= max_tokens):
+            current.append(i)
+        else:
+            out.append([i])
+    return out
 
 
 @dataclass

@@ -12,7 +12,8 @@ Megatron's parallel state rebuilt for each actor), so the imports are paid once:
 does one optimiser update on a fixed batch and writes OUT/weights.safetensors (exported after
 the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckpt and the
 Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss modes, too, are
-exact over micro-batches and data-parallel shares.
+exact over micro-batches and data-parallel shares, and one more that micro-batches cut by a
+token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss.
 Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
@@ -132,6 +133,18 @@ def step(model_dir, tp, pp, out):
         per_seq = [t.mean() if mode == "seq-mean-token-mean" else t.sum() for t in per_seq]
         expected = (sum(per_seq) / len(per_seq)).item()
         assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), (mode, reported, expected)
+    # a token budget per micro-batch (as long as the longest sequence: it goes alone, shorter
+    # ones share) regroups the micro-batches; log-probs and the token-mean loss stay the same
+    actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg="token-mean")
+    plain, _ = actor.logprobs(batch)
+    actor.max_tokens_per_micro_batch = max(len(t) for t in batch.tokens)
+    now, _ = actor.logprobs(batch)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
+    reported = actor.train_step(batch)["loss"]
+    expected = (sum(objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0].sum()
+                    for lp, old, adv in zip(now, batch.old_logp, batch.advantages)) /
+                sum(len(lp) for lp in now)).item()
+    assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), ("budget", reported, expected)
     if rank == 0:
         print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
