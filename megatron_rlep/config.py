@@ -138,6 +138,13 @@ class ParallelConfig:
     # and tokens per micro-batch at most, padding included (0: no budget; verl's dynamic batch
     # size): long answers go in small micro-batches, short ones in large
     max_tokens_per_micro_batch: int = 0
+    # memory (tools/memory_plan.py shows each one's effect): activation recompute none |
+    # selective (core attention) | full (each layer from its input); bf16 gradient buffers
+    # instead of fp32 (bf16 models only); log-probs through the output layer this many response
+    # tokens at a time, each chunk recomputed in backward (0: all at once)
+    recompute: str = "none"
+    bf16_grads: bool = False
+    logprob_chunk_tokens: int = 0
 
 
 @dataclass
@@ -271,6 +278,7 @@ _CHOICES = {
     "verifier.mode": ("dapo", "math"),
     "model.dtype": ("auto", "float32", "bfloat16"),
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
+    "parallel.recompute": ("none", "selective", "full"),
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
     "wandb": ("online", "offline", "disabled"),
 }
@@ -289,7 +297,8 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
-    "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None), "data.train_size": (1, None),
+    "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None),
+    "parallel.logprob_chunk_tokens": (0, None), "data.train_size": (1, None),
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
     "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
     "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "validation.n": (1, None),

@@ -3,14 +3,16 @@
 On a machine with CUDA this module only picks ``cuda`` + NCCL and the Transformer Engine
 layer specs (when TE imports) and changes nothing in Megatron-Core.
 
-Without CUDA it makes Megatron-Core (pinned to 0.16.x) run on the CPU with the gloo backend.
+Without CUDA it makes Megatron-Core (0.16.x on Python 3.11, 0.19.x on 3.12) run on the CPU with the gloo backend.
 Megatron-Core assumes CUDA in a handful of places; each is redirected here and nowhere else:
 
 1. ``torch.cuda.current_device()`` answers the CPU device, so ``device=current_device()`` lands
    tensors on the CPU.
-2. ``torch.cuda.synchronize()`` is a no-op.
+2. ``torch.cuda.synchronize()`` is a no-op, and ``torch.cuda.current_stream()`` answers a stream
+   whose waits are no-ops (Megatron-Core 0.19's gradient sync waits on it).
 3. The model-parallel RNG tracker forks the CPU generator instead of the CUDA one
-   (``CpuRNGStatesTracker``), so ``tracker.fork()`` keeps its meaning.
+   (``CpuRNGStatesTracker``), so ``tracker.fork()`` keeps its meaning; activation recompute's
+   save and restore of the CUDA generator's state is a no-op (it saves the CPU one beside it).
 4. Tensors created with ``device="cuda"`` (the schedules' token counter, default attention
    masks) are created on the CPU by a ``TorchFunctionMode`` that rewrites the device argument.
 5. ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up of pipeline stages
@@ -127,6 +129,20 @@ def _cpu_rng_tracker_class():
     return CpuRNGStatesTracker
 
 
+class _NoStream:
+    """What ``torch.cuda.current_stream()`` answers on the CPU: waiting on it is a no-op."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+_NO_STREAM = _NoStream()
 _CPU_MODE: _CudaToCpu | None = None
 
 
@@ -141,8 +157,12 @@ def install_cpu_shims() -> None:
     torch._dynamo.config.disable = True
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.cuda.current_stream = lambda *args, **kwargs: _NO_STREAM  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
+    # activation recompute saves and restores the CUDA generator beside the CPU one: none here
+    mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _CPU_MODE = _CudaToCpu()
     _CPU_MODE.__enter__()  # stays active for the life of the process (main thread)

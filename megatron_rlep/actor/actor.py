@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint as checkpoint_function
 
 from megatron_rlep import loss as objective
 from megatron_rlep import platform
@@ -51,7 +52,8 @@ class Actor:
     def __init__(self, model_path: str, algorithm, tensor_parallel: int = 1,
                  pipeline_parallel: int = 1, micro_batch_size: int = 4, dtype: str = "auto",
                  temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto",
-                 max_tokens_per_micro_batch: int = 0):
+                 max_tokens_per_micro_batch: int = 0, recompute: str = "none",
+                 bf16_grads: bool = False, logprob_chunk_tokens: int = 0):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -68,11 +70,13 @@ class Actor:
         self.algorithm = algorithm
         self.micro_batch_size = micro_batch_size
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.logprob_chunk_tokens = logprob_chunk_tokens
         self.temperature = temperature
         self.dtype = platform.compute_dtype(dtype)
         self.device = platform.device()
         config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
-                                           self.dtype, cpu=not platform.has_cuda())
+                                           self.dtype, cpu=not platform.has_cuda(),
+                                           recompute=recompute)
         use_te = _use_transformer_engine(transformer_impl)
         spec = platform.layer_spec(transformer_engine=use_te)
         if not use_te:
@@ -83,7 +87,8 @@ class Actor:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         distributed = platform.has_cuda() and self.dp_size > 1
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed)
+            grad_reduce_in_fp32=not bf16_grads, overlap_grad_reduce=False,
+            use_distributed_optimizer=distributed)
         self.model = DistributedDataParallel(config, ddp_config, model)
         self.optimizer, self.scheduler = optim.build(
             [self.model], algorithm.lr, algorithm.weight_decay, algorithm.grad_clip,
@@ -113,7 +118,7 @@ class Actor:
             module = self.module
             last_stage = module.post_process
             module.post_process = False  # hidden states out: the loss applies the output
-            try:  # layer to the response positions only (see _response_logits)
+            try:  # layer to the response positions only (see _scored)
                 output = model(mb.tokens, mb.positions, masks[width])
             finally:
                 module.post_process = last_stage
@@ -135,19 +140,34 @@ class Actor:
                 for index in micro_batches(mine, lengths, self.micro_batch_size,
                                            self.max_tokens_per_micro_batch)]
 
-    def _response_logits(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab/tp] of the ``mask``ed positions ([b, s]) from hidden states [s, b, h]."""
+    def _row_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab/tp] of hidden-state ``rows`` [n, h]."""
         module = self.module
-        rows = hidden.transpose(0, 1)[mask]
         weight = module.shared_embedding_or_output_weight() \
             if module.share_embeddings_and_output_weights else None
         logits, _ = module.output_layer(rows[:, None], weight=weight)
         return logits[:, 0]
 
+    def _row_scores(self, rows: torch.Tensor, targets: torch.Tensor, entropy: str):
+        """(log-probs, entropies or None) of ``targets`` after hidden-state ``rows`` [n, h]."""
+        return response_logprobs(self._row_logits(rows), targets, self.temperature, entropy)
+
     def _scored(self, mb, hidden, entropy: str):
-        """[b, s] log-probs and entropies of the response tokens (zero elsewhere)."""
-        logits = self._response_logits(hidden, mb.loss_mask)
-        logp, ent = response_logprobs(logits, mb.labels[mb.loss_mask], self.temperature, entropy)
+        """[b, s] log-probs and entropies of the response tokens (zero elsewhere). With
+        ``logprob_chunk_tokens`` the response rows go through the output layer and the softmax
+        that many at a time, each chunk recomputed in the backward pass, so the [tokens x
+        vocab/tp] logits and their fp32 softmax never exist whole."""
+        rows, targets = hidden.transpose(0, 1)[mb.loss_mask], mb.labels[mb.loss_mask]
+        chunk = self.logprob_chunk_tokens or max(len(rows), 1)
+        parts = []
+        for start in range(0, max(len(rows), 1), chunk):
+            args = (rows[start:start + chunk], targets[start:start + chunk], entropy)
+            if chunk < len(rows) and torch.is_grad_enabled():
+                parts.append(checkpoint_function(self._row_scores, *args, use_reentrant=False))
+            else:
+                parts.append(self._row_scores(*args))
+        logp = torch.cat([p[0] for p in parts])
+        ent = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
         scatter = lambda v: torch.zeros(mb.loss_mask.shape, dtype=v.dtype,  # noqa: E731
                                         device=v.device).masked_scatter(mb.loss_mask, v)
         return scatter(logp), (scatter(ent) if ent is not None else None)
@@ -211,7 +231,7 @@ class Actor:
         batch = SequenceBatch([t.tolist() for t in tokens], [1] * len(tokens))
 
         def collect(mb, hidden):
-            logits = self._response_logits(hidden, mb.loss_mask)
+            logits = self._row_logits(hidden.transpose(0, 1)[mb.loss_mask])
             full = gather_from_tensor_model_parallel_region(logits).float().cpu()
             return torch.zeros(()), torch.tensor(0, dtype=torch.int), \
                 {"rows": dict(zip(mb.index, full.reshape(len(mb.index), -1, full.shape[-1])))}

@@ -139,9 +139,19 @@ def family(hf_config) -> dict:
     return FAMILIES[kind]
 
 
+RECOMPUTE = {
+    "none": {},
+    "selective": {"recompute_granularity": "selective"},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform",
+             "recompute_num_layers": 1},
+}
+
+
 def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
-                       dtype: torch.dtype, cpu: bool):
-    """Megatron-Core ``TransformerConfig`` equivalent to a Llama/Qwen2 Hugging Face config."""
+                       dtype: torch.dtype, cpu: bool, recompute: str = "none"):
+    """Megatron-Core ``TransformerConfig`` equivalent to a Llama/Qwen2 Hugging Face config.
+    ``recompute``: none; selective (core attention recomputed in the backward pass, Megatron's
+    default modules); full (only each layer's input kept, the layer recomputed)."""
     from megatron.core.transformer import TransformerConfig
 
     family(hf_config)
@@ -175,6 +185,7 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
         calculate_per_token_loss=True,
         cuda_graph_scope=[],  # the default "full" only warns that it is deprecated
+        **RECOMPUTE[recompute],
     )
     # Micro-batches are padded to their own length, so pipeline stages exchange shapes. Set
     # after construction: the constructor's check on this flag concerns MoE dispatchers only.

@@ -13,7 +13,8 @@ does one optimiser update on a fixed batch and writes OUT/weights.safetensors (e
 the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckpt and the
 Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss modes, too, are
 exact over micro-batches and data-parallel shares, and one more that micro-batches cut by a
-token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss.
+token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss, and that
+full recompute with log-probs in chunks changes neither log-probs nor gradients.
 Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
@@ -145,8 +146,28 @@ def step(model_dir, tp, pp, out):
                     for lp, old, adv in zip(now, batch.old_logp, batch.advantages)) /
                 sum(len(lp) for lp in now)).item()
     assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), ("budget", reported, expected)
+    # the memory settings change no number: with full recompute and log-probs taken 5 response
+    # tokens at a time (each chunk recomputed in backward), log-probs and gradients stay the same
+    plain, plain_grads = actor.logprobs(batch)[0], gradients(actor, batch)
+    config = actor.config
+    config.recompute_granularity, config.recompute_method, config.recompute_num_layers = \
+        "full", "uniform", 1
+    actor.logprob_chunk_tokens = 5
+    now, _ = actor.logprobs(batch)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
+    diff = max((a - b).abs().max().item() for a, b in zip(gradients(actor, batch), plain_grads))
+    assert diff < 1e-5, f"gradients differ by {diff} with full recompute and log-prob chunks"
     if rank == 0:
         print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
+
+
+def gradients(actor, batch):
+    """This rank's gradients of the policy loss on ``batch``, without an optimiser step."""
+    actor.model.train()
+    actor.model.zero_grad_buffer()
+    actor.optimizer.zero_grad()  # the last step left param.grad aliasing the gradient buffer
+    actor._schedule(actor._micros(batch), actor._policy_loss, forward_only=False)
+    return [p.main_grad.clone() for p in actor.model.parameters()]
 
 
 def load(model_dir, outs):

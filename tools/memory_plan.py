@@ -1,0 +1,191 @@
+"""Per-GPU memory of a training preset on a given cluster layout, term by term, with formulas.
+
+    python tools/memory_plan.py experiment=dapo_nodyn_bs64 [--nodes 8] [--gpus-per-node 8] \
+        [--gpu-gib 80] [--arch qwen2.5-7b] [--markdown] [key=value ...]
+
+The model's shape comes from ``model.path``'s config.json when that exists, else from --arch
+(a few known architectures). Terms, in bytes per GPU (P = parameters of this GPU's shard, tp/pp/dp
+the actor's layout, T = tokens of the longest micro-batch, R = its response tokens):
+
+- weights: 2P (bf16); gradients: 4P (Megatron's fp32 gradient buffer) or 2P (bf16 gradients);
+- optimizer: Adam's fp32 master weights, m and v, 12P, divided by dp with the distributed
+  optimizer;
+- activations kept for backward, per token and layer (h hidden, k key/value width, f FFN width,
+  2 bytes each): replicated over TP, 4h (the two norms' inputs and outputs); split over TP,
+  (2h + 2k + 3f)/tp (q, k, v, attention output, the gated MLP's two inputs and its output),
+  with flash attention (TE); full recompute keeps only each layer's input (h) plus one whole
+  layer during its backward;
+- logits: R x vocab/tp elements at 2 bytes (bf16) plus 12 bytes in the fp32 log-softmax and
+  entropy, or only a chunk's rows at a time when log-probs are computed in chunks;
+- the colocated vLLM engine: during rollout it may take ``rollout.gpu_memory_utilization`` of
+  the GPU (its weights, 2 bytes x all parameters / rollout.tensor_parallel, then KV cache in
+  the rest); asleep during the update
+  (level 1 or 2) it keeps only its CUDA context and graph pool (about 2 GiB, assumed).
+A CUDA context of about 1 GiB per process is added. Peaks: rollout = actor's weights, gradients
+and optimizer + vLLM's share; update = the same + activations + logits + vLLM asleep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+CUDA_CONTEXT = 1.0 * GIB
+VLLM_ASLEEP = 2.0 * GIB
+# name: (hidden, layers, heads, kv heads, head dim, ffn, vocab, tied embeddings)
+ARCHS = {
+    "smollm2-135m": (576, 30, 9, 3, 64, 1536, 49152, True),
+    "qwen2.5-7b": (3584, 28, 28, 4, 128, 18944, 152064, False),  # Qwen2.5-Math-7B too
+    "qwen2.5-32b": (5120, 64, 40, 8, 128, 27648, 152064, False),
+}
+
+
+@dataclass
+class Arch:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_hf(cls, config: dict) -> "Arch":
+        heads = config["num_attention_heads"]
+        return cls(config["hidden_size"], config["num_hidden_layers"], heads,
+                   config.get("num_key_value_heads") or heads,
+                   config.get("head_dim") or config["hidden_size"] // heads,
+                   config["intermediate_size"], config["vocab_size"],
+                   bool(config.get("tie_word_embeddings")))
+
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, 2 * self.kv_heads * self.head_dim
+        return self.hidden * (q + kv) + (q + kv) + q * self.hidden + 3 * self.hidden * self.ffn \
+            + 2 * self.hidden  # qkv (+bias), output, gated MLP, two norms
+
+    def params(self) -> int:
+        embed = self.vocab * self.hidden
+        return self.layers * self.layer_params() + embed * (1 if self.tied else 2) + self.hidden
+
+
+def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: int,
+         recompute: str = "none", distributed_optimizer: bool = True,
+         bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
+         gpu_bytes: float = 80 * GIB, rollout_tp: int = 1) -> dict:
+    """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
+    1F1B, pp micro-batches in flight), and the rollout and update peaks."""
+    h, f = arch.hidden, arch.ffn
+    k = arch.kv_heads * arch.head_dim
+    embed = arch.vocab * h
+    shard = (arch.layers // pp * arch.layer_params() + embed) / tp  # stage 0 holds the embedding
+    if pp == 1 and not arch.tied:
+        shard += embed / tp  # and the output layer
+    replicated = 4 * h
+    split = (2 * h + 2 * k + 3 * f) / tp
+    per_token_layer = 2 * (replicated + split)
+    layers = arch.layers // pp
+    if recompute == "full":
+        kept = 2 * h * layers + per_token_layer
+    else:  # selective recompute (core attention) saves next to nothing with flash attention
+        kept = per_token_layer * layers
+    in_flight = pp  # 1F1B: the first stage holds pp micro-batches' activations
+    rows = min(response_tokens, logprob_chunk) if logprob_chunk else response_tokens
+    terms = {
+        "weights": 2 * shard,
+        "gradients": (2 if bf16_grads else 4) * shard,
+        "optimizer": 12 * shard / (dp if distributed_optimizer else 1),
+        "activations": kept * tokens * in_flight,
+        "logits": rows * arch.vocab / tp * (2 + 12) if pp == 1 else 0.0,
+        "cuda_context": CUDA_CONTEXT,
+    }
+    vllm_rollout = vllm_utilization * gpu_bytes
+    vllm_weights = 2 * arch.params() / rollout_tp if vllm_utilization else 0.0
+    static = terms["weights"] + terms["gradients"] + terms["optimizer"] + CUDA_CONTEXT
+    rollout_peak = static + vllm_rollout
+    update_peak = static + terms["activations"] + terms["logits"] + (VLLM_ASLEEP if vllm_utilization else 0)
+    return {**terms, "vllm_rollout": vllm_rollout, "vllm_weights": vllm_weights,
+            "vllm_kv_cache": max(vllm_rollout - vllm_weights, 0.0),
+            "kv_tokens": max(vllm_rollout - vllm_weights, 0.0) * rollout_tp
+            / (2 * arch.layers * arch.kv_heads * arch.head_dim * 2), "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
+            "rollout_peak": rollout_peak, "update_peak": update_peak,
+            "peak": max(rollout_peak, update_peak), "gpu": gpu_bytes,
+            "params_total": arch.params(), "params_shard": shard}
+
+
+def arch_for(model_path: str, name: str | None) -> Arch:
+    config = Path(model_path) / "config.json"
+    if config.is_file():
+        return Arch.from_hf(json.loads(config.read_text()))
+    key = name or next((a for a in ARCHS if a.replace(".", "") in
+                        Path(model_path).name.lower().replace(".", "").replace("-math", "")), None)
+    if key not in ARCHS:
+        raise SystemExit(f"error: {model_path} has no config.json; give --arch, one of {sorted(ARCHS)}")
+    return Arch(*ARCHS[key])
+
+
+def table(result: dict) -> list[tuple[str, float]]:
+    order = ["weights", "gradients", "optimizer", "activations", "logits", "cuda_context",
+             "vllm_rollout", "vllm_weights", "vllm_kv_cache", "vllm_asleep", "rollout_peak",
+             "update_peak"]
+    return [(name, result[name] / GIB) for name in order]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpu-gib", type=float, default=80.0)
+    parser.add_argument("--arch", choices=sorted(ARCHS), help="when model.path has no config.json")
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table")
+    args, overrides = parser.parse_known_args(argv)
+    from megatron_rlep.config import compose
+
+    cfg = compose(overrides)
+    p = cfg.parallel
+    world = args.nodes * args.gpus_per_node
+    if world % (p.tensor_parallel * p.pipeline_parallel):
+        raise SystemExit(f"error: {world} GPUs do not split into tp={p.tensor_parallel} x "
+                         f"pp={p.pipeline_parallel}; pick sizes that divide the GPU count")
+    dp = world // (p.tensor_parallel * p.pipeline_parallel)
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    tokens = p.micro_batch_size * longest  # a budget still lets one longest sequence through
+    if p.max_tokens_per_micro_batch:
+        tokens = max(longest, min(tokens, p.max_tokens_per_micro_batch))
+    response = tokens * cfg.rollout.max_response_length // longest
+    arch = arch_for(cfg.model.path, args.arch)
+    vllm = cfg.rollout.gpu_memory_utilization if cfg.rollout.engine != "transformers" else 0.0
+    result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, tokens, response,
+                  p.recompute, dp > 1, p.bf16_grads,
+                  p.logprob_chunk_tokens, vllm, args.gpu_gib * GIB, cfg.rollout.tensor_parallel)
+    print(f"{arch.params() / 1e9:.2f}B parameters, {world} GPUs of {args.gpu_gib:g} GiB: "
+          f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}; longest micro-batch "
+          f"{tokens} tokens ({response} response tokens); recompute={p.recompute}, "
+          f"bf16_grads={p.bf16_grads}, logprob_chunk_tokens={p.logprob_chunk_tokens}, "
+          f"vLLM gpu_memory_utilization={vllm:g}")
+    rows = table(result)
+    if args.markdown:
+        print("| term | GiB |\n|---|---|")
+        print("\n".join(f"| {name} | {gib:.1f} |" for name, gib in rows))
+    else:
+        print("\n".join(f"  {name:<13} {gib:7.1f} GiB" for name, gib in rows))
+    if vllm:
+        print(f"vLLM's KV cache holds {result['kv_tokens']:,.0f} tokens per engine "
+              f"({result['kv_tokens'] / longest:.0f} sequences of {longest} tokens)")
+    margin = args.gpu_gib - result["peak"] / GIB
+    fits = margin >= 0 and result["kv_tokens"] >= longest if vllm else margin >= 0
+    print(f"peak {result['peak'] / GIB:.1f} GiB of {args.gpu_gib:g}: "
+          + (f"fits, {margin:.1f} GiB spare" if margin >= 0 else f"DOES NOT FIT by {-margin:.1f} GiB"))
+    if vllm and result["kv_tokens"] < longest:
+        print("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence in its share; "
+              "raise rollout.tensor_parallel or rollout.gpu_memory_utilization")
+    return 0 if fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
