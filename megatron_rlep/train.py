@@ -11,9 +11,12 @@ Run under torchrun/srun for TP/PP/DP; every rank runs this loop with the same da
 prompt order and replays are pure functions of (seed, position, step), so a resumed run
 continues the same streams.
 
-SIGTERM or SIGUSR1 (a Slurm preemption, ``scontrol requeue``, a time-limit warning) makes every
-rank finish the current step, write a checkpoint and leave; the next start with the same
-``run_dir`` resumes from it.
+A file named STOP in ``run_dir`` (what slurm/common.sh writes on the time-limit warning, or
+``touch RUN_DIR/STOP`` by hand), or SIGTERM / SIGUSR1 to the ranks (a Slurm preemption,
+``scontrol requeue``), makes every rank finish the current step, write a checkpoint and leave;
+the stop file is then removed, and the next start with the same ``run_dir`` resumes from the
+checkpoint. The file signals nobody, so a step may take as long as it needs; a signal sent to
+torchrun gives its ranks only torchrun's 30-second grace before SIGKILL.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch.distributed as dist
 from megatron_rlep import metrics
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
+from megatron_rlep.builtin_model import resolve_model_path
 from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import Example, load_examples
 from megatron_rlep.files import write_text_atomic
@@ -52,10 +56,12 @@ def is_rank0() -> bool:
 
 
 class StopRequest:
-    """Records SIGTERM / SIGUSR1; ``agreed()`` is True on every rank once any rank got one."""
+    """Records SIGTERM / SIGUSR1 and watches ``stop_file``; ``agreed()`` is True on every rank
+    once any rank got a signal or saw the file."""
 
-    def __init__(self):
+    def __init__(self, stop_file: Path):
         self.received = None
+        self.stop_file = stop_file
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._record)
 
@@ -65,6 +71,8 @@ class StopRequest:
     def agreed(self) -> bool:
         from megatron_rlep import platform
 
+        if self.received is None and self.stop_file.exists():
+            self.received = f"the stop file {self.stop_file}"
         flag = torch.tensor([0.0 if self.received is None else 1.0], device=platform.device())
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -98,27 +106,30 @@ class Trainer:
         self.cfg = cfg
         a, r = cfg.algorithm, cfg.rollout
         self.run_dir = Path(cfg.run_dir)
-        self.actor = Actor(cfg.model.path, a, cfg.parallel.tensor_parallel,
-                           cfg.parallel.pipeline_parallel, cfg.parallel.micro_batch_size,
-                           cfg.model.dtype, r.temperature, cfg.seed, cfg.model.transformer_impl,
-                           cfg.parallel.max_tokens_per_micro_batch)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
-        self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
-                                  cfg.data.max_prompt_length + max(r.max_response_length,
-                                                                   self._validation()["max_tokens"]))
-        self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
-                                 overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
-        self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
-                                       **_task_kwargs(cfg, cfg.data.train, cfg.data.train_size))
-        self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
-                                              **_task_kwargs(cfg, name, cfg.data.eval_size))
-                          for name in cfg.data.eval}
         if a.replay_per_prompt and not a.pool and not a.replay.refresh:
             raise ConfigError("config key algorithm.pool is empty but algorithm.replay_per_prompt "
                               f"is {a.replay_per_prompt}; give a pool directory from "
                               "tools/build_pool.py or the RLEP release parquet, set "
                               "algorithm.replay.refresh=true to start from an empty live pool, "
                               "or set M to 0.")
+        # settings, model path and data first: a mistake there stops before minutes of start-up
+        resolve_model_path(cfg.model.path)
+        self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
+                                       **_task_kwargs(cfg, cfg.data.train, cfg.data.train_size))
+        self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
+                                              **_task_kwargs(cfg, name, cfg.data.eval_size))
+                          for name in cfg.data.eval}
+        self.actor = Actor(cfg.model.path, a, cfg.parallel.tensor_parallel,
+                           cfg.parallel.pipeline_parallel, cfg.parallel.micro_batch_size,
+                           cfg.model.dtype, r.temperature, cfg.seed, cfg.model.transformer_impl,
+                           cfg.parallel.max_tokens_per_micro_batch, cfg.parallel.recompute,
+                           cfg.parallel.bf16_grads, cfg.parallel.logprob_chunk_tokens)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
+        self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
+                                  cfg.data.max_prompt_length + max(r.max_response_length,
+                                                                   self._validation()["max_tokens"]))
+        self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
+                                 overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
         self.pool = None
         if a.replay_per_prompt and not a.pool:
             self.pool = ExperiencePool({}, "live")
@@ -358,7 +369,7 @@ class Trainer:
         if self.pool is not None:
             monitor.artifact(a.pool, "experience-pool", "pool", reference=True)
         every = cfg.logging.eval_every
-        stop = StopRequest()
+        stop = StopRequest(self.run_dir / "STOP")
         try:
             while self.step < a.total_steps:
                 step = self.step
@@ -381,6 +392,7 @@ class Trainer:
                 if self.pool is not None:
                     metrics.update(self.replay_metrics(groups, step))
                 metrics["time/step_s"] = time.perf_counter() - t0
+                metrics.update(_memory_metrics())
                 if cfg.logging.dump_batches and is_rank0():
                     _dump(self.run_dir / "batches" / f"step-{step:06d}.json", groups)
                 saved = self.step == a.total_steps or (cfg.logging.save_every and
@@ -394,12 +406,25 @@ class Trainer:
                     if not saved:
                         self.save(self.step)
                     if is_rank0():
+                        stop.stop_file.unlink(missing_ok=True)
                         print(f"stopping on {stop.received or 'a signal to another rank'}: saved "
                               f"step-{self.step:06d}; the same command resumes from it", flush=True)
                     break
         finally:
             monitor.close()
             self.verifier.close()
+
+
+def _memory_metrics() -> dict:
+    """GPU memory of this rank's step: the torch allocator's peak (the actor; vLLM's sleep-mode
+    pool is outside it) and the device's use at the step's end (everything, vLLM included)."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    out = {"perf/peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "perf/device_memory_used_gib": (total - free) / 2**30}
+    torch.cuda.reset_peak_memory_stats()
+    return out
 
 
 def _task_kwargs(cfg: Config, spec: str, n: int) -> dict:

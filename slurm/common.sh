@@ -7,6 +7,9 @@
 #   NPROC_PER_NODE      ranks per node (default: the GPUs Slurm gave the node, else 1)
 #   RUN_DIR             output directory (default: runs/<job name>-<job id>[-<array index>];
 #                       when given for an array job, RUN_DIR/<array index>)
+#   SOCKET_IFNAME       network interface for NCCL's and gloo's bootstrap sockets (sets
+#                       NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unless those are set)
+#   PREFLIGHT=0         skip the preflight (scripts/check_env.py --preflight on every node)
 
 set -euo pipefail
 REPO=${MEGATRON_RLEP_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
@@ -20,11 +23,16 @@ fi
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=${MASTER_PORT:-$((20000 + ${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} % 20000 + ${SLURM_ARRAY_TASK_ID:-0}))}
 export MASTER_ADDR MASTER_PORT
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}  # fail, never hang
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # Megatron's TP overlap
+if [ -n "${SOCKET_IFNAME:-}" ]; then
+    export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$SOCKET_IFNAME}
+    export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$SOCKET_IFNAME}
+fi
 NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
+CPUS_PER_NODE=${SLURM_CPUS_ON_NODE:-1}  # the whole allocation goes to the node's one torchrun
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CPUS_PER_NODE / NPROC_PER_NODE > 0 ? CPUS_PER_NODE / NPROC_PER_NODE : 1 ))}
 JOB_TAG=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}
 if [ -n "${RUN_DIR:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
     RUN_DIR=$RUN_DIR/$SLURM_ARRAY_TASK_ID  # one run directory per array task
@@ -34,24 +42,34 @@ export WANDB_RUN_GROUP=${WANDB_RUN_GROUP:-$SLURM_JOB_NAME}
 echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NUM_NODES node(s) x" \
      "$NPROC_PER_NODE rank(s), rendezvous $MASTER_ADDR:$MASTER_PORT, run_dir $RUN_DIR"
 
-# Preemption and `scontrol requeue` send SIGTERM to every process of the job, the ranks included:
-# they checkpoint at the end of their step and leave. The time-limit warning
-# (--signal=B:USR1@SECONDS) reaches only this shell, which passes SIGTERM to the ranks through
-# srun and requeues the job once they are done. A requeued job starts again with the same job
-# id, so the same run directory, and the trainer resumes from its latest checkpoint.
+# The time-limit warning (--signal=B:USR1@SECONDS) reaches only this shell. It writes
+# $RUN_DIR/STOP, which the trainer's ranks poll at the end of every step: they finish the step,
+# checkpoint, remove the file and exit 0, and this shell requeues the job. No process is
+# signalled, so a step may take as long as it needs (a signal to torchrun would give the ranks
+# 30 seconds before SIGKILL). Preemption and `scontrol requeue` send SIGTERM to every process
+# of the job: the ranks checkpoint if their step ends within Slurm's KillWait and torchrun's
+# 30 seconds; otherwise the work since the last checkpoint (logging.save_every) is lost.
+# A requeued job starts again with the same job id, so the same run directory, and the trainer
+# resumes from its latest checkpoint.
 REQUEUE=0
-STEP_PID=
+STOP_FILE=$RUN_DIR/STOP
 on_usr1() {
     REQUEUE=1
-    echo "received SIGUSR1 (time limit near): asking the ranks to checkpoint and stop"
-    [ -n "$STEP_PID" ] && kill -TERM "$STEP_PID" 2>/dev/null || true
+    echo "received SIGUSR1 (time limit near): $STOP_FILE asks the ranks to checkpoint and stop"
+    mkdir -p "$RUN_DIR" && touch "$STOP_FILE"
 }
 trap on_usr1 USR1
 trap 'echo "received SIGTERM: the ranks checkpoint and stop"' TERM
 
-# launch ARGS...: one torchrun per node through srun; torchrun starts NPROC_PER_NODE ranks.
+# launch ARGS...: a preflight on every node, then one torchrun per node through srun (all the
+# node's CPUs for it); torchrun starts NPROC_PER_NODE ranks.
 launch() {
-    srun --kill-on-bad-exit=1 --ntasks-per-node=1 \
+    rm -f "$STOP_FILE"  # left by a job that died before its ranks saw it
+    if [ "${PREFLIGHT:-1}" != 0 ]; then
+        srun --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_NODE" \
+            python scripts/check_env.py --preflight --nproc "$NPROC_PER_NODE"
+    fi
+    srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_NODE" \
         torchrun --nnodes "$SLURM_JOB_NUM_NODES" --nproc_per_node "$NPROC_PER_NODE" \
         --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \
         --rdzv_id "$JOB_TAG" "$@" &

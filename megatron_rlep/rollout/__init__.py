@@ -69,7 +69,12 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
     ``tensor_parallel`` overrides the engine's TP size."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
+        from megatron_rlep.config import RunError
         from megatron_rlep.rollout.vllm_engine import VllmEngine
+
+        if (reason := vllm_unavailable()) is not None:
+            raise RunError(f"rollout.engine=vllm, but {reason[0].lower()}{reason[1:]}; install "
+                           "it (the gpu extra on CUDA nodes) or use rollout.engine=auto")
 
         tp = rollout.tensor_parallel if tensor_parallel is None else tensor_parallel
         return VllmEngine(model_path, tp, rollout.gpu_memory_utilization, max_model_len,

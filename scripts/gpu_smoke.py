@@ -1,0 +1,130 @@
+"""The GPU path in a few minutes, on one CUDA device (scripts/gpu_smoke.sh sets it up).
+
+    python scripts/gpu_smoke.py OUT [--model PATH] [--allow-cpu]
+
+1. Log-prob parity: the Megatron-Core actor (bf16 on a GPU; TE layer specs when Transformer
+   Engine imports, local ones otherwise, said in one line) against transformers on a fixed
+   sequence. bf16 is judged against bf16: the actor's distance to transformers in fp32 may be
+   at most twice transformers-bf16's own distance to fp32, plus 0.02 nats.
+2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with
+   rollout.check_sync=true: after each weight sync the engine's log-probs of a fixed sequence
+   must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
+3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics.
+Prints a summary and writes OUT/smoke.json; exit status 1 when a check fails. --allow-cpu runs
+the same in fp32 without CUDA (what the test suite does with a tiny model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def logprob_parity(model: str, dtype: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megatron_rlep import platform
+    from megatron_rlep.actor.actor import Actor
+    from megatron_rlep.config import AlgorithmConfig
+
+    actor = Actor(model, AlgorithmConfig(), 1, 1, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(actor.hf_path)
+    text = ("Question: what is 17 * 23 + 4? Think step by step.\n17 * 23 = 391, and 391 + 4 = "
+            "395.\nAnswer: 395")
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    targets = ids[0, 1:, None]
+
+    def logp(logits):
+        return torch.log_softmax(logits[0, :-1].float().cpu(), -1).gather(-1, targets)[:, 0]
+
+    ours = logp(actor.logits(ids))
+    reference = {}
+    for name, torch_dtype in (("float32", torch.float32), (dtype, actor.dtype)):
+        hf = AutoModelForCausalLM.from_pretrained(actor.hf_path, dtype=torch_dtype)
+        with torch.no_grad():
+            reference[name] = logp(hf.to(platform.device())(ids.to(platform.device())).logits)
+        del hf
+    del actor
+    platform.destroy_distributed()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the GPU is the training run's next
+    exact = reference["float32"]
+    result = {"tokens": len(targets), "dtype": dtype,
+              "actor_vs_fp32_max": (ours - exact).abs().max().item(),
+              "actor_vs_fp32_mean": (ours - exact).abs().mean().item(),
+              "transformers_vs_fp32_mean": (reference[dtype] - exact).abs().mean().item()}
+    allowed = 2 * result["transformers_vs_fp32_mean"] + (0.02 if dtype == "bfloat16" else 1e-4)
+    result["allowed_mean"] = allowed
+    result["ok"] = result["actor_vs_fp32_mean"] <= allowed
+    return result
+
+
+def two_steps(model: str, dtype: str, run_dir: Path) -> dict:
+    overrides = [f"model.path={model}", f"model.dtype={dtype}", "data.levels=[1,2]",
+                 "data.train_size=16", "data.eval_size=4", "algorithm.total_steps=2",
+                 "algorithm.rollouts_per_prompt=4", "algorithm.prompts_per_rollout=4",
+                 "algorithm.prompts_per_update=2", "algorithm.warmup_steps=0",
+                 "algorithm.replay.refresh=true",  # RLEP from an empty live pool
+                 "rollout.max_response_length=32", "rollout.check_sync=true",
+                 "rollout.gpu_memory_utilization=0.3", "logging.eval_every=0",
+                 "logging.save_every=0", "logging.wandb=disabled", "logging.progress=false",
+                 f"run_dir={run_dir}"]
+    rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}  # the actor's above
+    done = subprocess.run([sys.executable, "-m", "megatron_rlep.train", *overrides],
+                          cwd=REPO, text=True, capture_output=True, env=env)
+    (run_dir.parent / "train.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        return {"ok": False, "error": (done.stdout + done.stderr)[-3000:]}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("step", 0) > 0]
+    limit = 0.1 if dtype == "bfloat16" else 1e-3
+    keys = ["sync/max_logprob_diff", "time/sync_s", "perf/rollout_tokens_per_s",
+            "perf/update_tokens_per_s", "perf/peak_memory_gib", "perf/device_memory_used_gib",
+            "time/step_s"]
+    result = {k: [r.get(k) for r in rows] for k in keys}
+    result["sync_limit"] = limit
+    result["ok"] = len(rows) == 2 and all(d is not None and d <= limit
+                                          for d in result["sync/max_logprob_diff"])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--model", default=os.environ.get("SMOKE_MODEL", "smollm2-135m"))
+    parser.add_argument("--allow-cpu", action="store_true", help="fp32 on the CPU (tests)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print("error: no CUDA device is visible; run this on a GPU machine "
+              "(or with --allow-cpu to check the script itself in fp32)", file=sys.stderr)
+        return 2
+    dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    args.out.mkdir(parents=True, exist_ok=True)
+    from megatron_rlep import platform
+    from megatron_rlep.rollout import engine_kind
+
+    report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "model": args.model, "engine": engine_kind("auto"),
+              "transformer_engine": platform.transformer_engine_unavailable() or "used",
+              "parity": logprob_parity(args.model, dtype)}
+    print(f"log-prob parity ({dtype}): {json.dumps(report['parity'])}", flush=True)
+    report["steps"] = two_steps(args.model, dtype, args.out / "run")
+    print(f"two RL steps: {json.dumps(report['steps'])}", flush=True)
+    report["ok"] = report["parity"]["ok"] and report["steps"]["ok"]
+    (args.out / "smoke.json").write_text(json.dumps(report, indent=1))
+    print("SMOKE OK" if report["ok"] else "SMOKE FAILED", flush=True)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
