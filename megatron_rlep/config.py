@@ -145,6 +145,7 @@ class ParallelConfig:
     recompute: str = "none"
     bf16_grads: bool = False
     logprob_chunk_tokens: int = 0
+    sequence_parallel: bool = False  # with TP > 1: norms' and residuals' activations split too
 
 
 @dataclass

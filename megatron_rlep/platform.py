@@ -18,7 +18,10 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
 5. ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up of pipeline stages
    moves the weight with it).
 6. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
-7. ``torch.compile`` is off (dynamo disabled): Megatron-Core's ``jit_fuser`` compiles its small
+7. Megatron-Core's torch norm (the local specs' only norm without Apex) refuses sequence
+   parallelism; here it accepts it and tags its parameters ``sequence_parallel`` so their
+   gradients are summed over the TP group, as Megatron does for its fused and TE norms.
+8. ``torch.compile`` is off (dynamo disabled): Megatron-Core's ``jit_fuser`` compiles its small
    fused functions (bias + SwiGLU and others) with inductor, about 3 s of C++ compilation in
    every new process, for a step no faster (benchmarks/actor_step.py ``--compile``).
 
@@ -129,6 +132,24 @@ def _cpu_rng_tracker_class():
     return CpuRNGStatesTracker
 
 
+def _allow_sequence_parallel_norms() -> None:
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    build = WrappedTorchNorm.__new__
+
+    def new(cls, config, *args, **kwargs):
+        wanted, config.sequence_parallel = config.sequence_parallel, False  # past its assert
+        try:
+            norm = build(cls, config, *args, **kwargs)
+        finally:
+            config.sequence_parallel = wanted
+        for param in norm.parameters():
+            param.sequence_parallel = wanted
+        return norm
+
+    WrappedTorchNorm.__new__ = staticmethod(new)
+
+
 class _NoStream:
     """What ``torch.cuda.current_stream()`` answers on the CPU: waiting on it is a no-op."""
 
@@ -159,6 +180,7 @@ def install_cpu_shims() -> None:
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     torch.cuda.current_stream = lambda *args, **kwargs: _NO_STREAM  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]
+    _allow_sequence_parallel_norms()
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     # activation recompute saves and restores the CUDA generator beside the CPU one: none here
     mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()

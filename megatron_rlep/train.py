@@ -123,7 +123,8 @@ class Trainer:
                            cfg.parallel.pipeline_parallel, cfg.parallel.micro_batch_size,
                            cfg.model.dtype, r.temperature, cfg.seed, cfg.model.transformer_impl,
                            cfg.parallel.max_tokens_per_micro_batch, cfg.parallel.recompute,
-                           cfg.parallel.bf16_grads, cfg.parallel.logprob_chunk_tokens)
+                           cfg.parallel.bf16_grads, cfg.parallel.logprob_chunk_tokens,
+                           cfg.parallel.sequence_parallel)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
                                   cfg.data.max_prompt_length + max(r.max_response_length,

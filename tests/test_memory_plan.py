@@ -34,6 +34,8 @@ def test_terms_by_hand():
     assert full["activations"] == (2 * 4 * 2 + 68) * 10  # layer inputs + one whole layer
     assert (full["gradients"], full["optimizer"], full["logits"]) == (400, 2400, 4 * 5 * 14)
     assert full["vllm_rollout"] == full["vllm_asleep"] == 0
+    sp = memory_plan.plan(arch, 2, 1, 4, 10, 6, recompute="full", sequence_parallel=True)
+    assert sp["activations"] == (2 * 4 / 2 * 2 + 2 * (16 / 2 + 18)) * 10  # replicated parts / tp
     stage = memory_plan.plan(arch, 1, 2, 1, 10, 6)  # the first of two pipeline stages
     assert stage["params_shard"] == 160 + 40 and stage["logits"] == 0
     assert stage["activations"] == 2 * (16 + 36) * 1 * 10 * 2  # 1 layer, 2 micro-batches

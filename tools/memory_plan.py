@@ -11,10 +11,10 @@ the actor's layout, T = tokens of the longest micro-batch, R = its response toke
 - optimizer: Adam's fp32 master weights, m and v, 12P, divided by dp with the distributed
   optimizer;
 - activations kept for backward, per token and layer (h hidden, k key/value width, f FFN width,
-  2 bytes each): replicated over TP, 4h (the two norms' inputs and outputs); split over TP,
-  (2h + 2k + 3f)/tp (q, k, v, attention output, the gated MLP's two inputs and its output),
-  with flash attention (TE); full recompute keeps only each layer's input (h) plus one whole
-  layer during its backward;
+  2 bytes each): replicated over TP, 4h (the two norms' inputs and outputs; /tp with sequence
+  parallelism); split over TP, (2h + 2k + 3f)/tp (q, k, v, attention output, the gated MLP's
+  two inputs and its output), with flash attention (TE); full recompute keeps only each layer's
+  input (h, /tp with sequence parallelism) plus one whole layer during its backward;
 - logits: R x vocab/tp elements at 2 bytes (bf16) plus 12 bytes in the fp32 log-softmax and
   entropy, or only a chunk's rows at a time when log-probs are computed in chunks;
 - the colocated vLLM engine: during rollout it may take ``rollout.gpu_memory_utilization`` of
@@ -75,7 +75,8 @@ class Arch:
 
 
 def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: int,
-         recompute: str = "none", distributed_optimizer: bool = True,
+         recompute: str = "none", sequence_parallel: bool = False,
+         distributed_optimizer: bool = True,
          bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
          gpu_bytes: float = 80 * GIB, rollout_tp: int = 1) -> dict:
     """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
@@ -86,12 +87,13 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
     shard = (arch.layers // pp * arch.layer_params() + embed) / tp  # stage 0 holds the embedding
     if pp == 1 and not arch.tied:
         shard += embed / tp  # and the output layer
-    replicated = 4 * h
+    sp = tp if sequence_parallel and tp > 1 else 1
+    replicated = 4 * h / sp
     split = (2 * h + 2 * k + 3 * f) / tp
     per_token_layer = 2 * (replicated + split)
     layers = arch.layers // pp
     if recompute == "full":
-        kept = 2 * h * layers + per_token_layer
+        kept = 2 * h / sp * layers + per_token_layer
     else:  # selective recompute (core attention) saves next to nothing with flash attention
         kept = per_token_layer * layers
     in_flight = pp  # 1F1B: the first stage holds pp micro-batches' activations
@@ -161,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     arch = arch_for(cfg.model.path, args.arch)
     vllm = cfg.rollout.gpu_memory_utilization if cfg.rollout.engine != "transformers" else 0.0
     result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, tokens, response,
-                  p.recompute, dp > 1, p.bf16_grads,
+                  p.recompute, p.sequence_parallel, dp > 1, p.bf16_grads,
                   p.logprob_chunk_tokens, vllm, args.gpu_gib * GIB, cfg.rollout.tensor_parallel)
     print(f"{arch.params() / 1e9:.2f}B parameters, {world} GPUs of {args.gpu_gib:g} GiB: "
           f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}; longest micro-batch "
           f"{tokens} tokens ({response} response tokens); recompute={p.recompute}, "
-          f"bf16_grads={p.bf16_grads}, logprob_chunk_tokens={p.logprob_chunk_tokens}, "
+          f"sequence_parallel={p.sequence_parallel}, bf16_grads={p.bf16_grads}, logprob_chunk_tokens={p.logprob_chunk_tokens}, "
           f"vLLM gpu_memory_utilization={vllm:g}")
     rows = table(result)
     if args.markdown:

@@ -53,7 +53,8 @@ class Actor:
                  pipeline_parallel: int = 1, micro_batch_size: int = 4, dtype: str = "auto",
                  temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto",
                  max_tokens_per_micro_batch: int = 0, recompute: str = "none",
-                 bf16_grads: bool = False, logprob_chunk_tokens: int = 0):
+                 bf16_grads: bool = False, logprob_chunk_tokens: int = 0,
+                 sequence_parallel: bool = False):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -76,7 +77,8 @@ class Actor:
         self.device = platform.device()
         config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
                                            self.dtype, cpu=not platform.has_cuda(),
-                                           recompute=recompute)
+                                           recompute=recompute,
+                                           sequence_parallel=sequence_parallel)
         use_te = _use_transformer_engine(transformer_impl)
         spec = platform.layer_spec(transformer_engine=use_te)
         if not use_te:
@@ -136,15 +138,35 @@ class Actor:
     def _micros(self, batch: SequenceBatch) -> list:
         lengths = [len(t) for t in batch.tokens]
         mine = dp_slice(lengths, self.dp_rank, self.dp_size)
-        return [collate(batch, index, self.device)
+        return [collate(batch, index, self.device, self._pad_multiple)
                 for index in micro_batches(mine, lengths, self.micro_batch_size,
                                            self.max_tokens_per_micro_batch)]
+
+    @property
+    def _pad_multiple(self) -> int:
+        """Sequence parallelism splits a micro-batch's length over TP: pad to a multiple."""
+        return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+
+    def _rows(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Hidden states [n, h] of the ``mask``ed positions ([b, s]) from the decoder's output
+        [s, b, h] (split over TP along s with sequence parallelism: gathered first; the rows'
+        gradient comes back whole on every rank, so the gather's backward only splits it)."""
+        if self.config.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        return hidden.transpose(0, 1)[mask]
 
     def _row_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab/tp] of hidden-state ``rows`` [n, h]."""
         module = self.module
         weight = module.shared_embedding_or_output_weight() \
             if module.share_embeddings_and_output_weights else None
+        if self.config.sequence_parallel:  # the output layer would gather the rows over TP
+            from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+
+            weight = module.output_layer.weight if weight is None else weight
+            return torch.nn.functional.linear(copy_to_tensor_model_parallel_region(rows), weight)
         logits, _ = module.output_layer(rows[:, None], weight=weight)
         return logits[:, 0]
 
@@ -157,7 +179,7 @@ class Actor:
         ``logprob_chunk_tokens`` the response rows go through the output layer and the softmax
         that many at a time, each chunk recomputed in the backward pass, so the [tokens x
         vocab/tp] logits and their fp32 softmax never exist whole."""
-        rows, targets = hidden.transpose(0, 1)[mb.loss_mask], mb.labels[mb.loss_mask]
+        rows, targets = self._rows(hidden, mb.loss_mask), mb.labels[mb.loss_mask]
         chunk = self.logprob_chunk_tokens or max(len(rows), 1)
         parts = []
         for start in range(0, max(len(rows), 1), chunk):
@@ -231,13 +253,13 @@ class Actor:
         batch = SequenceBatch([t.tolist() for t in tokens], [1] * len(tokens))
 
         def collect(mb, hidden):
-            logits = self._row_logits(hidden.transpose(0, 1)[mb.loss_mask])
+            logits = self._row_logits(self._rows(hidden, mb.loss_mask))
             full = gather_from_tensor_model_parallel_region(logits).float().cpu()
             return torch.zeros(()), torch.tensor(0, dtype=torch.int), \
                 {"rows": dict(zip(mb.index, full.reshape(len(mb.index), -1, full.shape[-1])))}
 
-        micros = [collate(batch, list(range(len(batch))), self.device)]
-        micros[0].loss_mask[:] = True  # every position
+        micros = [collate(batch, list(range(len(batch))), self.device, self._pad_multiple)]
+        micros[0].loss_mask[:, :tokens.shape[1]] = True  # every position but the padding
         rows = {}
         for out in self._schedule(micros, collect, forward_only=True):
             rows.update(out["rows"])

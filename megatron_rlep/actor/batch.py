@@ -91,10 +91,12 @@ class MicroBatch:
     advantages: Optional[torch.Tensor] = None  # [b, 1]
 
 
-def collate(batch: SequenceBatch, index: list[int], device: torch.device) -> MicroBatch:
-    """Right-padded tensors of the sequences ``index``; tokens rejection dropped (``kept``)
+def collate(batch: SequenceBatch, index: list[int], device: torch.device,
+            multiple: int = 1) -> MicroBatch:
+    """Right-padded tensors of the sequences ``index``, as wide as the longest rounded up to a
+    ``multiple`` (the TP size with sequence parallelism); tokens rejection dropped (``kept``)
     leave the loss mask."""
-    width = max(len(batch.tokens[i]) for i in index)
+    width = -(-max(len(batch.tokens[i]) for i in index) // multiple) * multiple
     tokens = torch.zeros(len(index), width, dtype=torch.long)
     mask = torch.zeros(len(index), width, dtype=torch.bool)
     aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp, "weights": batch.weights}

@@ -148,10 +148,12 @@ RECOMPUTE = {
 
 
 def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
-                       dtype: torch.dtype, cpu: bool, recompute: str = "none"):
+                       dtype: torch.dtype, cpu: bool, recompute: str = "none",
+                       sequence_parallel: bool = False):
     """Megatron-Core ``TransformerConfig`` equivalent to a Llama/Qwen2 Hugging Face config.
     ``recompute``: none; selective (core attention recomputed in the backward pass, Megatron's
-    default modules); full (only each layer's input kept, the layer recomputed)."""
+    default modules); full (only each layer's input kept, the layer recomputed).
+    ``sequence_parallel`` (with TP > 1) splits the norms' and residuals' activations over TP."""
     from megatron.core.transformer import TransformerConfig
 
     family(hf_config)
@@ -183,6 +185,7 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         perform_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=sequence_parallel and tensor_parallel > 1,
         calculate_per_token_loss=True,
         cuda_graph_scope=[],  # the default "full" only warns that it is deprecated
         **RECOMPUTE[recompute],

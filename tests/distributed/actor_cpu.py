@@ -14,7 +14,8 @@ the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckp
 Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss modes, too, are
 exact over micro-batches and data-parallel shares, and one more that micro-batches cut by a
 token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss, and that
-full recompute with log-probs in chunks changes neither log-probs nor gradients.
+full recompute with log-probs in chunks changes neither log-probs nor gradients; at TP > 1,
+neither does sequence parallelism.
 Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
@@ -157,6 +158,21 @@ def step(model_dir, tp, pp, out):
     assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
     diff = max((a - b).abs().max().item() for a, b in zip(gradients(actor, batch), plain_grads))
     assert diff < 1e-5, f"gradients differ by {diff} with full recompute and log-prob chunks"
+    if tp > 1:  # sequence parallelism: transformers' log-probs, and a plain actor's gradients
+        from megatron.core import parallel_state
+
+        grads = []
+        for sequence_parallel in (False, True):
+            parallel_state.destroy_model_parallel()
+            fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3,
+                          sequence_parallel=sequence_parallel)
+            grads.append(gradients(fresh, batch))
+        assert fresh.config.sequence_parallel
+        now, _ = fresh.logprobs(batch)
+        reference = reference_logp(model_dir, batch)[0]
+        assert all((a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
+        diff = max((a - b).abs().max().item() for a, b in zip(*grads))
+        assert diff < 1e-5, f"gradients differ by {diff} with sequence parallelism"
     if rank == 0:
         print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
