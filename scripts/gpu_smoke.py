@@ -12,6 +12,12 @@
 3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics.
 Prints a summary and writes OUT/smoke.json; exit status 1 when a check fails. --allow-cpu runs
 the same in fp32 without CUDA (what the test suite does with a tiny model).
+
+``--model shape:DIR`` takes a directory with a model's config and tokenizer but no weights
+(what scripts/gpu_smoke_carry.sh puts in .smoke/ for the built-in model, whose 98 MB file does
+not travel to a machine without network) and gives it seeded random weights: the shapes,
+kernels, memory and every check stay meaningful, the rewards do not, so the two steps add an
+entropy bonus that moves the weights whatever the rewards.
 """
 
 from __future__ import annotations
@@ -66,12 +72,30 @@ def logprob_parity(model: str, dtype: str) -> dict:
     return result
 
 
-def two_steps(model: str, dtype: str, run_dir: Path) -> dict:
+def random_weights(shape_dir: Path, out: Path) -> str:
+    """A checkpoint with ``shape_dir``'s config and tokenizer and seeded random weights."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape_dir),
+                                             dtype=torch.float32)
+    model.save_pretrained(out)
+    for f in shape_dir.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    return str(out)
+
+
+def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dict:
     overrides = [f"model.path={model}", f"model.dtype={dtype}", "data.levels=[1,2]",
                  "data.train_size=16", "data.eval_size=4", "algorithm.total_steps=2",
                  "algorithm.rollouts_per_prompt=4", "algorithm.prompts_per_rollout=4",
                  "algorithm.prompts_per_update=2", "algorithm.warmup_steps=0",
                  "algorithm.replay.refresh=true",  # RLEP from an empty live pool
+                 f"algorithm.entropy_coef={entropy_coef}",
                  "rollout.max_response_length=32", "rollout.check_sync=true",
                  "rollout.gpu_memory_utilization=0.3", "logging.eval_every=0",
                  "logging.save_every=0", "logging.wandb=disabled", "logging.progress=false",
@@ -110,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     args.out.mkdir(parents=True, exist_ok=True)
+    entropy_coef = 0.0
+    if args.model.startswith("shape:"):
+        args.model, entropy_coef = random_weights(Path(args.model[6:]), args.out / "model"), 0.01
     from megatron_rlep import platform
     from megatron_rlep.rollout import engine_kind
 
@@ -118,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
               "transformer_engine": platform.transformer_engine_unavailable() or "used",
               "parity": logprob_parity(args.model, dtype)}
     print(f"log-prob parity ({dtype}): {json.dumps(report['parity'])}", flush=True)
-    report["steps"] = two_steps(args.model, dtype, args.out / "run")
+    report["steps"] = two_steps(args.model, dtype, args.out / "run", entropy_coef)
     print(f"two RL steps: {json.dumps(report['steps'])}", flush=True)
     report["ok"] = report["parity"]["ok"] and report["steps"]["ok"]
     (args.out / "smoke.json").write_text(json.dumps(report, indent=1))

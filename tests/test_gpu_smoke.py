@@ -33,3 +33,26 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     assert all(d <= 1e-3 for d in steps["sync/max_logprob_diff"])
     assert all(t > 0 for t in steps["perf/update_tokens_per_s"])
     assert "SMOKE OK" in done.stdout
+
+
+def test_a_model_shape_gets_seeded_random_weights_and_keeps_its_tokenizer(tmp_path):
+    """What the smoke script runs where the built-in model's weights cannot travel."""
+    import torch
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import gpu_smoke
+
+    model = tiny.make_model(tmp_path / "model")
+    shape = tmp_path / "shape"
+    shape.mkdir()
+    for f in model.iterdir():
+        if not f.name.endswith(".safetensors"):
+            (shape / f.name).write_bytes(f.read_bytes())
+    made = [Path(gpu_smoke.random_weights(shape, tmp_path / f"random{i}")) for i in range(2)]
+    assert (made[0] / "config.json").read_text() != "" and (made[0] / "tokenizer.json").is_file()
+    original, first, second = (load_file(next(p.glob("*.safetensors")))
+                               for p in (model, *made))
+    assert first.keys() == original.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)  # seeded
+    assert any(not torch.equal(first[k], original[k]) for k in first)
