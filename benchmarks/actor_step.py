@@ -11,7 +11,9 @@ With ``--compile`` it times the Megatron-Core step twice instead: with ``torch.c
 (Megatron-Core's ``jit_fuser`` compiles its fused functions) and off (what the CPU shims do),
 and reports the first, compiling, step of each too. With ``--short-prompt N`` it times the
 Megatron-Core step on the batch against the same batch with N-token prompts (the answers
-unchanged): what a shorter prompt saves per update.
+unchanged): what a shorter prompt saves per update. With ``--share-prompts G`` the batch is
+groups of G sequences repeating one prompt (GRPO's groups), and it times the Megatron-Core step
+with ``parallel.share_prompts`` (each prompt computed once per micro-batch row) against without.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import time
 import torch
 
 
-def make_batch(sequences: int, prompt: int, response: int, vocab: int, seed: int = 0):
+def make_batch(sequences: int, prompt: int, response: int, vocab: int, seed: int = 0,
+               group: int = 1):
+    """Random tokens; each run of ``group`` sequences repeats one prompt."""
     from megatron_rlep.actor.batch import SequenceBatch
 
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (sequences, prompt + response), generator=g)
+    tokens[:, :prompt] = tokens[::group, :prompt].repeat_interleave(group, 0)[:sequences]
     batch = SequenceBatch(tokens.tolist(), [prompt] * sequences)
     batch.advantages = torch.randn(sequences, generator=g)
     return batch
@@ -68,6 +73,9 @@ def main():
                         help="Megatron-Core step with torch.compile on against off")
     parser.add_argument("--short-prompt", type=int, default=None,
                         help="Megatron-Core step with --prompt tokens against this many")
+    parser.add_argument("--share-prompts", type=int, default=None, metavar="G",
+                        help="groups of G sequences share a prompt: the step with "
+                             "parallel.share_prompts against without")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -76,11 +84,13 @@ def main():
     from megatron_rlep.config import AlgorithmConfig
 
     algorithm = AlgorithmConfig(lr=1e-6, warmup_steps=0)
-    actor = Actor("smollm2-135m", algorithm, 1, 1, micro_batch_size=args.micro_batch_size)
+    actor = Actor("smollm2-135m", algorithm, 1, 1, micro_batch_size=args.micro_batch_size,
+                  share_prompts=bool(args.share_prompts))
     model = AutoModelForCausalLM.from_pretrained(actor.hf_path, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1, eps=1e-8)
-    batch = make_batch(args.sequences, args.prompt, args.response, actor.hf_config.vocab_size)
+    batch = make_batch(args.sequences, args.prompt, args.response, actor.hf_config.vocab_size,
+                       group=args.share_prompts or 1)
     batch.old_logp, _ = actor.logprobs(batch)
     tokens = args.sequences * (args.prompt + args.response)
 
@@ -90,7 +100,13 @@ def main():
         torch._dynamo.config.disable = disable
         return actor.train_step(batch)
 
-    if args.compile:
+    def shared(on):
+        actor.share_prompts = on
+        return actor.train_step(batch)
+
+    if args.share_prompts:
+        steps = (("shared", lambda: shared(True)), ("plain", lambda: shared(False)))
+    elif args.compile:
         steps = (("compiled", lambda: with_dynamo(False)), ("eager", lambda: with_dynamo(True)))
     elif args.short_prompt:
         short = make_batch(args.sequences, args.short_prompt, args.response,
@@ -119,7 +135,8 @@ def main():
     result[f"seconds_{a}_over_{b}"] = result[a]["median_s"] / result[b]["median_s"]
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
                        "response": args.response, "micro_batch_size": args.micro_batch_size,
-                       "threads": torch.get_num_threads(), "repeats": args.repeats}
+                       "threads": torch.get_num_threads(), "repeats": args.repeats,
+                       "group": args.share_prompts}
     print(json.dumps(result, indent=1))
 
 

@@ -146,6 +146,9 @@ class ParallelConfig:
     bf16_grads: bool = False
     logprob_chunk_tokens: int = 0
     sequence_parallel: bool = False  # with TP > 1: norms' and residuals' activations split too
+    # each prompt once per micro-batch row, followed by its sequences' responses (local layer
+    # specs only; megatron_rlep/actor/batch.py): the same numbers, the prompt computed once
+    share_prompts: bool = False
 
 
 @dataclass

@@ -119,12 +119,9 @@ class Trainer:
         self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
                                               **_task_kwargs(cfg, name, cfg.data.eval_size))
                           for name in cfg.data.eval}
-        self.actor = Actor(cfg.model.path, a, cfg.parallel.tensor_parallel,
-                           cfg.parallel.pipeline_parallel, cfg.parallel.micro_batch_size,
-                           cfg.model.dtype, r.temperature, cfg.seed, cfg.model.transformer_impl,
-                           cfg.parallel.max_tokens_per_micro_batch, cfg.parallel.recompute,
-                           cfg.parallel.bf16_grads, cfg.parallel.logprob_chunk_tokens,
-                           cfg.parallel.sequence_parallel)
+        self.actor = Actor(cfg.model.path, a, dtype=cfg.model.dtype, temperature=r.temperature,
+                           seed=cfg.seed, transformer_impl=cfg.model.transformer_impl,
+                           **asdict(cfg.parallel))
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
                                   cfg.data.max_prompt_length + max(r.max_response_length,

@@ -98,3 +98,52 @@ def test_micro_batches_by_count_or_by_a_token_budget():
     assert micro_batches(list(range(8)), lengths, 4, 120) == [[0], [1], [2, 3, 4, 5], [6, 7]]
     assert micro_batches([0, 1], [200, 10], 4, 50) == [[0], [1]]  # longer than the budget: alone
     assert micro_batches([7, 2, 5], lengths, 2, 1000) == [[2, 5], [7]]  # only this rank's share
+
+
+def _grouped():
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    a, b, c = [1, 2, 3], [4, 5], [6, 7, 8, 9]
+    tokens = [a + [10, 11], a + [12, 13, 14, 15], a + [16], b + [17, 18, 19], b + [20, 21, 22],
+              c + [23]]
+    return SequenceBatch(tokens, [3, 3, 3, 2, 2, 4])
+
+
+def test_shared_prompts_group_sequences_by_prompt_into_micro_batches():
+    from megatron_rlep.actor.batch import dp_slice, packed_tokens, prompt_groups, shared_micro_batches
+
+    batch = _grouped()
+    assert prompt_groups(batch) == [[0, 1, 2], [3, 4], [5]]
+    assert [packed_tokens(batch, g) for g in prompt_groups(batch)] == [3 + 7, 2 + 6, 4 + 1]
+    # groups longest response first; the 3- and 1-sequence groups fit 4 sequences together
+    assert shared_micro_batches(batch, list(range(6)), 4) == [[1, 0, 2], [3, 4, 5]]
+    # at most 2 sequences: the first group is cut, and pieces of one prompt never share
+    assert shared_micro_batches(batch, list(range(6)), 2) == [[1, 0], [3, 4], [5, 2]]
+    # a budget of 9 packed tokens: 3 + 4 + 2 fits, the third answer goes on alone; two rows
+    # padded to the wider would pass 9, so every piece is its own micro-batch, widest first
+    assert shared_micro_batches(batch, list(range(6)), 8, 9) == [[1, 0], [3, 4], [5], [2]]
+    units = [(g, packed_tokens(batch, g)) for g in prompt_groups(batch)]
+    assert dp_slice([5, 7, 4, 5, 5, 5], 0, 2, units) == [0, 1, 2]  # 10 tokens
+    assert dp_slice([5, 7, 4, 5, 5, 5], 1, 2, units) == [3, 4, 5]  # 8 + 5
+    assert dp_slice([5, 7, 4, 5, 5, 5], 1, 4, units) == [0, 5]  # fewer units than ranks: sequences
+
+
+def test_shared_prompts_pack_each_prompt_once_with_the_loss_side_unchanged():
+    from megatron_rlep.actor.batch import SequenceBatch, collate, collate_shared
+
+    batch = SequenceBatch([[5, 6, 7, 8, 9], [5, 6, 7, 10]], [3, 3])
+    batch.advantages = torch.tensor([1.0, -1.0])
+    micro = collate_shared(batch, [0, 1], torch.device("cpu"))
+    assert micro.tokens.tolist() == [[5, 6, 7, 8, 9, 10]]
+    assert micro.positions.tolist() == [[0, 1, 2, 3, 4, 3]]  # the second answer restarts at 3
+    allowed = (~micro.attention_mask[0, 0]).int().tolist()
+    assert allowed[5] == [1, 1, 1, 0, 0, 1]  # token 10 sees the prompt and itself, not 8, 9
+    assert allowed[4] == [1, 1, 1, 1, 1, 0]
+    # log-probs of 8, 9 (sequence 0) and 10 (sequence 1) come from packed columns 2, 3 and 2
+    assert micro.hidden_index.tolist() == [2, 3, 2]
+    plain = collate(batch, [0, 1], torch.device("cpu"))
+    assert torch.equal(micro.loss_mask, plain.loss_mask) and torch.equal(micro.labels, plain.labels)
+    assert micro.labels[micro.loss_mask].tolist() == [8, 9, 10]
+    assert micro.advantages.tolist() == [[1.0], [-1.0]]
+    wide = collate_shared(batch, [0, 1], torch.device("cpu"), multiple=4)  # padded to 8
+    assert wide.tokens.shape == (1, 8) and (~wide.attention_mask[0, 0, 7]).int().tolist()[7] == 1

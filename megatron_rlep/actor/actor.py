@@ -23,7 +23,8 @@ from torch.utils.checkpoint import checkpoint as checkpoint_function
 from megatron_rlep import loss as objective
 from megatron_rlep import platform
 from megatron_rlep.actor import attention, bridge, checkpoint, optim
-from megatron_rlep.actor.batch import SequenceBatch, causal_mask, collate, dp_slice, micro_batches
+from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_shared, dp_slice, micro_batches,
+                                       packed_tokens, prompt_groups, shared_micro_batches)
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
@@ -54,7 +55,7 @@ class Actor:
                  temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto",
                  max_tokens_per_micro_batch: int = 0, recompute: str = "none",
                  bf16_grads: bool = False, logprob_chunk_tokens: int = 0,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, share_prompts: bool = False):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -80,11 +81,19 @@ class Actor:
                                            recompute=recompute,
                                            sequence_parallel=sequence_parallel)
         use_te = _use_transformer_engine(transformer_impl)
+        if share_prompts and use_te:
+            raise RunError("parallel.share_prompts needs an attention mask of any shape, which the "
+                           "Transformer Engine layers do not take here: set "
+                           "model.transformer_impl=local or parallel.share_prompts=false")
         spec = platform.layer_spec(transformer_engine=use_te)
         if not use_te:
             spec = attention.with_sdpa(spec)
         model = bridge.gpt_model(self.hf_config, config, spec).to(self.device)
         bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
+        self.share_prompts = share_prompts
+        self._positions = None  # a packed micro-batch's position ids, for the rotary embedding
+        if share_prompts:
+            model.rotary_pos_emb.register_forward_hook(self._rotary_at_positions)
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         distributed = platform.has_cuda() and self.dp_size > 1
@@ -110,52 +119,67 @@ class Actor:
     def _schedule(self, micros: list, loss_func, forward_only: bool) -> list[dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        masks = {}
-
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            width = mb.tokens.shape[1]
-            if width not in masks:
-                masks[width] = causal_mask(width, self.device)
             module = self.module
             last_stage = module.post_process
             module.post_process = False  # hidden states out: the loss applies the output
-            try:  # layer to the response positions only (see _scored)
-                output = model(mb.tokens, mb.positions, masks[width])
+            # layer to the response positions only (see _scored); no mask: causal attention
+            self._positions = mb.positions if mb.attention_mask is not None else None
+            try:
+                output = model(mb.tokens, mb.positions, mb.attention_mask)
             finally:
                 module.post_process = last_stage
+                self._positions = None
             return output, partial(loss_func, mb)
 
         if not micros:
             return []
-        widths = max(m.tokens.shape[1] for m in micros)
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micros), model=[self.model],
-            num_microbatches=len(micros), seq_length=widths,
-            micro_batch_size=max(len(m.index) for m in micros), forward_only=forward_only,
+            num_microbatches=len(micros), seq_length=max(m.tokens.shape[1] for m in micros),
+            micro_batch_size=max(m.tokens.shape[0] for m in micros), forward_only=forward_only,
         )
 
     def _micros(self, batch: SequenceBatch) -> list:
         lengths = [len(t) for t in batch.tokens]
-        mine = dp_slice(lengths, self.dp_rank, self.dp_size)
-        return [collate(batch, index, self.device, self._pad_multiple)
-                for index in micro_batches(mine, lengths, self.micro_batch_size,
-                                           self.max_tokens_per_micro_batch)]
+        if not self.share_prompts:
+            mine = dp_slice(lengths, self.dp_rank, self.dp_size)
+            return [collate(batch, index, self.device, self._pad_multiple)
+                    for index in micro_batches(mine, lengths, self.micro_batch_size,
+                                               self.max_tokens_per_micro_batch)]
+        units = [(m, packed_tokens(batch, m)) for m in prompt_groups(batch)]
+        mine = dp_slice(lengths, self.dp_rank, self.dp_size, units)
+        return [collate_shared(batch, index, self.device, self._pad_multiple)
+                for index in shared_micro_batches(batch, mine, self.micro_batch_size,
+                                                  self.max_tokens_per_micro_batch)]
+
+    def _rotary_at_positions(self, module, args, output):
+        """Forward hook of the rotary embedding: for a packed micro-batch, the embedding [s, 1, 1,
+        d] of positions 0..s-1 becomes each token's own [s, b, 1, d] (Megatron's unfused RoPE
+        broadcasts over the batch dimension)."""
+        if self._positions is None:
+            return output
+        return output[self._positions.T][:, :, 0]
 
     @property
     def _pad_multiple(self) -> int:
         """Sequence parallelism splits a micro-batch's length over TP: pad to a multiple."""
         return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
 
-    def _rows(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Hidden states [n, h] of the ``mask``ed positions ([b, s]) from the decoder's output
-        [s, b, h] (split over TP along s with sequence parallelism: gathered first; the rows'
-        gradient comes back whole on every rank, so the gather's backward only splits it)."""
+    def _rows(self, hidden: torch.Tensor, mb) -> torch.Tensor:
+        """Hidden states [n, h] of the micro-batch's loss-mask positions, in the mask's order,
+        from the decoder's output [s, b, h] (split over TP along s with sequence parallelism:
+        gathered first; the rows' gradient comes back whole on every rank, so the gather's
+        backward only splits it). Packed rows (shared prompts) are picked by ``hidden_index``;
+        a prompt's last position feeds every response's first token, its gradients summed."""
         if self.config.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return hidden.transpose(0, 1)[mask]
+        if mb.hidden_index is not None:
+            return hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])[mb.hidden_index]
+        return hidden.transpose(0, 1)[mb.loss_mask]
 
     def _row_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab/tp] of hidden-state ``rows`` [n, h]."""
@@ -179,7 +203,7 @@ class Actor:
         ``logprob_chunk_tokens`` the response rows go through the output layer and the softmax
         that many at a time, each chunk recomputed in the backward pass, so the [tokens x
         vocab/tp] logits and their fp32 softmax never exist whole."""
-        rows, targets = self._rows(hidden, mb.loss_mask), mb.labels[mb.loss_mask]
+        rows, targets = self._rows(hidden, mb), mb.labels[mb.loss_mask]
         chunk = self.logprob_chunk_tokens or max(len(rows), 1)
         parts = []
         for start in range(0, max(len(rows), 1), chunk):
@@ -253,7 +277,7 @@ class Actor:
         batch = SequenceBatch([t.tolist() for t in tokens], [1] * len(tokens))
 
         def collect(mb, hidden):
-            logits = self._row_logits(self._rows(hidden, mb.loss_mask))
+            logits = self._row_logits(self._rows(hidden, mb))
             full = gather_from_tensor_model_parallel_region(logits).float().cpu()
             return torch.zeros(()), torch.tensor(0, dtype=torch.int), \
                 {"rows": dict(zip(mb.index, full.reshape(len(mb.index), -1, full.shape[-1])))}

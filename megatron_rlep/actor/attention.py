@@ -5,9 +5,10 @@ The local spec's ``DotProductAttention`` materialises the [b, heads, s, s] score
 an explicit mask and runs softmax and two batched matmuls unfused; on a CPU that is the slowest
 part of a layer after the linear layers. ``SdpaAttention`` keeps its interface (same inputs,
 same [s, b, heads * dim] output) and computes causal attention with PyTorch's fused kernel,
-grouped-query heads included. Only causal attention without dropout is supported: the actor
-right-pads sequences, so the causal mask is all it needs. Transformer Engine specs keep TE's
-attention.
+grouped-query heads included. Without a mask it is causal (the actor right-pads sequences, so
+that is all one sequence per row needs); shared prompts (``parallel.share_prompts``) pass their
+own mask, True where attention is not allowed (Megatron's convention). Dropout is not
+supported. Transformer Engine specs keep TE's attention.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ class SdpaAttention(DotProductAttention):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
-        # [s, b, heads, dim] -> [b, heads, s, dim]; the causal mask is implied by is_causal
+        # [s, b, heads, dim] -> [b, heads, s, dim]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        allowed = None if attention_mask is None else ~attention_mask
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.softmax_scale,
+            q, k, v, attn_mask=allowed, is_causal=allowed is None, scale=self.softmax_scale,
             enable_gqa=q.shape[1] != k.shape[1])
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)

@@ -8,6 +8,16 @@ longest sequence (the CPU local attention has no packed-sequence path).
 
 A micro-batch's tensors follow Megatron's next-token convention: ``labels[t] = tokens[t + 1]``
 and ``loss_mask[t]`` marks the positions whose label is a response token.
+
+Shared prompts (``parallel.share_prompts``; the idea of Prefix Grouper, arXiv 2506.05433): the
+sequences of a group repeat one prompt, so ``collate_shared`` packs each prompt once, followed by
+the responses of its sequences in the micro-batch, into one row; an explicit attention mask lets
+each response see the prompt and its own earlier tokens only, and position ids restart after the
+prompt for each response. Every response token's hidden state is then what it would be in its own
+sequence, and the prompt's gradient is the sum over its responses: the same log-probs and
+gradients with the prompt computed once instead of G' times. The loss side (labels, loss mask,
+old log-probs, advantages) keeps the one-sequence-per-row layout; ``hidden_index`` maps each
+loss-mask position to its row of the packed hidden states.
 """
 
 from __future__ import annotations
@@ -44,18 +54,23 @@ class SequenceBatch:
         return [len(t) - p for t, p in zip(self.tokens, self.prompt_lengths)]
 
 
-def dp_slice(lengths: list[int], rank: int, size: int) -> list[int]:
+def dp_slice(lengths: list[int], rank: int, size: int,
+             units: list[tuple[list[int], int]] | None = None) -> list[int]:
     """Indices of this data-parallel rank's sequences: longest first, dealt greedily to the
-    rank with the fewest tokens so far (ties to the lower rank), deterministic on all ranks."""
+    rank with the fewest tokens so far (ties to the lower rank), deterministic on all ranks.
+    With ``units`` ((sequences that go together, their tokens): the prompt groups of shared
+    prompts) whole units are dealt the same way, when there are at least as many as ranks."""
     if len(lengths) < size:
         raise ValueError(f"a mini-batch of {len(lengths)} sequences cannot feed {size} "
                          "data-parallel ranks; use more prompts per update")
+    if units is None or len(units) < size:
+        units = [([i], n) for i, n in enumerate(lengths)]
     loads = [0] * size
     owned: list[list[int]] = [[] for _ in range(size)]
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    for members, tokens in sorted(units, key=lambda u: (-u[1], u[0][0])):
         r = min(range(size), key=lambda r: (loads[r], r))
-        owned[r].append(i)
-        loads[r] += lengths[i]
+        owned[r] += members
+        loads[r] += tokens
     return sorted(owned[rank])
 
 
@@ -78,6 +93,52 @@ def micro_batches(indices: list[int], lengths: list[int], micro_batch_size: int,
     return out
 
 
+def prompt_groups(batch: "SequenceBatch", indices: list[int] | None = None) -> list[list[int]]:
+    """``indices`` (default all) grouped by identical prompt tokens, in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(batch)) if indices is None else indices:
+        groups.setdefault(tuple(batch.tokens[i][:batch.prompt_lengths[i]]), []).append(i)
+    return list(groups.values())
+
+
+def packed_tokens(batch: "SequenceBatch", members: list[int]) -> int:
+    """Tokens of one packed row: the members' shared prompt once, then every response."""
+    return batch.prompt_lengths[members[0]] + sum(batch.response_lengths()[i] for i in members)
+
+
+def shared_micro_batches(batch: "SequenceBatch", indices: list[int], micro_batch_size: int,
+                         max_tokens: int = 0) -> list[list[int]]:
+    """``indices`` in micro-batches for ``collate_shared``: each prompt group's sequences, longest
+    first, cut into pieces of at most ``micro_batch_size`` sequences and (with ``max_tokens``)
+    at most that many packed tokens; pieces of different prompts, largest first, share a
+    micro-batch while its sequences and its rows padded to the widest stay within the same
+    limits."""
+    lengths = [len(t) for t in batch.tokens]
+    pieces = []
+    for members in prompt_groups(batch, indices):
+        piece: list[int] = []
+        for i in sorted(members, key=lambda i: (-lengths[i], i)):
+            if piece and (len(piece) == micro_batch_size or
+                          max_tokens and packed_tokens(batch, piece + [i]) > max_tokens):
+                pieces.append(piece)
+                piece = []
+            piece.append(i)
+        pieces.append(piece)
+    pieces.sort(key=lambda piece: (-packed_tokens(batch, piece), piece[0]))
+    prompt = lambda i: tuple(batch.tokens[i][:batch.prompt_lengths[i]])  # noqa: E731
+    out: list[list] = []  # [sequences, rows, widest row, prompts]
+    for piece in pieces:
+        if out and len(out[-1][0]) + len(piece) <= micro_batch_size and (
+                not max_tokens or (out[-1][1] + 1) * out[-1][2] <= max_tokens) and \
+                prompt(piece[0]) not in out[-1][3]:
+            out[-1][0] += piece
+            out[-1][1] += 1
+            out[-1][3].add(prompt(piece[0]))
+        else:
+            out.append([list(piece), 1, packed_tokens(batch, piece), {prompt(piece[0])}])
+    return [micro[0] for micro in out]
+
+
 @dataclass
 class MicroBatch:
     index: list[int]  # positions in the SequenceBatch
@@ -89,6 +150,11 @@ class MicroBatch:
     ref_logp: Optional[torch.Tensor] = None
     weights: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
     advantages: Optional[torch.Tensor] = None  # [b, 1]
+    # shared prompts (collate_shared): tokens and positions are packed rows [r, w], the
+    # attention mask [r, 1, w, w] (True: not allowed), and hidden_index the packed row (r * w +
+    # column) of each loss-mask position, in loss_mask's order
+    attention_mask: Optional[torch.Tensor] = None
+    hidden_index: Optional[torch.Tensor] = None
 
 
 def collate(batch: SequenceBatch, index: list[int], device: torch.device,
@@ -121,6 +187,45 @@ def collate(batch: SequenceBatch, index: list[int], device: torch.device,
     return micro
 
 
-def causal_mask(width: int, device: torch.device) -> torch.Tensor:
-    """Megatron's boolean mask convention: True where attention is NOT allowed."""
-    return torch.ones(width, width, dtype=torch.bool, device=device).triu(1)[None, None]
+def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
+                   multiple: int = 1) -> MicroBatch:
+    """The sequences ``index`` with each prompt packed once (see the module's docstring): one
+    row per prompt group, as wide as the widest rounded up to a ``multiple``; the loss side as
+    ``collate`` makes it."""
+    micro = collate(batch, index, torch.device("cpu"))
+    rows = prompt_groups(batch, index)
+    width = max(batch.prompt_lengths[m[0]] + sum(len(batch.tokens[i]) - batch.prompt_lengths[i]
+                                                 for i in m) for m in rows)
+    width = -(-width // multiple) * multiple
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    positions = torch.zeros(len(rows), width, dtype=torch.long)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)  # padding sees itself
+    source = torch.zeros(micro.loss_mask.shape, dtype=torch.long)
+    row_of = {i: row for row, i in enumerate(index)}
+    for r, members in enumerate(rows):
+        p = batch.prompt_lengths[members[0]]
+        tokens[r, :p] = torch.tensor(batch.tokens[members[0]][:p])
+        positions[r, :p] = torch.arange(p)
+        allowed[r, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+        start = p
+        for i in members:
+            response = batch.tokens[i][p:]
+            n, stop = len(response), start + len(response)
+            tokens[r, start:stop] = torch.tensor(response)
+            positions[r, start:stop] = torch.arange(p, p + n)
+            allowed[r, start:stop, :p] = True
+            allowed[r, start:stop, start:stop] = torch.ones(n, n, dtype=torch.bool).tril()
+            # the sequence's position p - 1 (the prompt's last) predicts its first response
+            # token; its position p + t predicts token t + 1, from packed column start + t
+            source[row_of[i], p - 1] = r * width + p - 1
+            source[row_of[i], p:p + n - 1] = r * width + torch.arange(start, stop - 1)
+            start = stop
+    micro.tokens, micro.positions = tokens, positions
+    micro.attention_mask = ~allowed[:, None]
+    micro.hidden_index = source[micro.loss_mask]
+    for key in ("tokens", "positions", "labels", "loss_mask", "old_logp", "ref_logp", "weights",
+                "advantages", "attention_mask", "hidden_index"):
+        value = getattr(micro, key)
+        if value is not None:
+            setattr(micro, key, value.to(device))
+    return micro

@@ -15,7 +15,9 @@ Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss m
 exact over micro-batches and data-parallel shares, and one more that micro-batches cut by a
 token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss, and that
 full recompute with log-probs in chunks changes neither log-probs nor gradients; at TP > 1,
-neither does sequence parallelism.
+neither does sequence parallelism. Last, on a batch of groups that repeat their prompts, shared
+prompts (``share_prompts``: each prompt packed once per row) give transformers' log-probs and the
+plain actor's gradients (with sequence parallelism at TP > 1).
 Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
@@ -66,6 +68,23 @@ def fixed_batch(logp_of):
     shifts = [torch.randn(len(t) - p, generator=g) * 0.3 for t, p in zip(tokens, prompts)]
     batch.old_logp = [lp + s for lp, s in zip(logp_of(batch), shifts)]
     batch.advantages = torch.tensor([1.0, -1.0, 0.5, -2.0, 1.5, -0.5, 0.0, 1.0])
+    return batch
+
+
+def grouped_batch(logp_of):
+    """Three prompts repeated by 3, 3 and 2 sequences of different response lengths."""
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    g = torch.Generator().manual_seed(2)
+    tokens, prompts = [], []
+    for p, answers in ((4, 3), (7, 3), (5, 2)):
+        prompt = torch.randint(0, VOCAB, (p,), generator=g).tolist()
+        for n in range(answers):
+            tokens.append(prompt + torch.randint(0, VOCAB, (2 + (3 * n + p) % 7,), generator=g).tolist())
+            prompts.append(p)
+    batch = SequenceBatch(tokens, prompts)
+    batch.old_logp = [lp + torch.randn(len(lp), generator=g) * 0.3 for lp in logp_of(batch)]
+    batch.advantages = torch.randn(len(tokens), generator=g)
     return batch
 
 
@@ -173,6 +192,21 @@ def step(model_dir, tp, pp, out):
         assert all((a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
         diff = max((a - b).abs().max().item() for a, b in zip(*grads))
         assert diff < 1e-5, f"gradients differ by {diff} with sequence parallelism"
+    from megatron.core import parallel_state
+
+    grouped = grouped_batch(lambda b: reference_logp(model_dir, b)[0])
+    grads = []
+    for share in (False, True):
+        parallel_state.destroy_model_parallel()
+        fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3, share_prompts=share,
+                      sequence_parallel=share and tp > 1)
+        grads.append(gradients(fresh, grouped))
+    assert all(m.attention_mask is not None for m in fresh._micros(grouped))
+    now, _ = fresh.logprobs(grouped)
+    reference = reference_logp(model_dir, grouped)[0]
+    assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
+    diff = max((a - b).abs().max().item() for a, b in zip(*grads))
+    assert diff < 1e-5, f"gradients differ by {diff} with shared prompts"
     if rank == 0:
         print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
