@@ -11,6 +11,10 @@ per second on
 - `evaluation`: the demo's evaluation (32 held-out questions x 4 samples, up to 32 tokens);
 - `pool`: 8 training questions x 8 samples, up to 32 tokens, T = 0.7.
 Prompts are the built-in task's (levels 1-3). Tokens/s is the median over ``--repeats`` runs.
+
+With ``--vllm-blocks 128 32`` it compares vLLM with those KV block sizes instead (the CPU
+backend's default is 128; the prefix cache reuses whole blocks only), plus
+- `validation`: 128 held-out questions (levels 3, 4, 6) x 2 samples, up to 32 tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ WORKLOADS = {  # name: (split, questions, samples, max tokens, temperature)
     "evaluation": ("test", 32, 4, 32, 1.0),
     "pool": ("train", 8, 8, 32, 0.7),
 }
+VALIDATION = ("test", 128, 2, 32, 1.0, (3, 4, 6))
 
 
 def measure(kind: str, repeats: int) -> dict:
@@ -41,10 +46,11 @@ def measure(kind: str, repeats: int) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     path = resolve_model_path("smollm2-135m")
     start = time.perf_counter()
-    if kind == "vllm":
+    if kind.startswith("vllm"):  # vllm or vllm:BLOCK
         from megatron_rlep.rollout.vllm_engine import VllmEngine
 
-        engine = VllmEngine(path, max_model_len=1024, dtype="float32")
+        block = {"cpu_block_size": int(kind[5:])} if ":" in kind else {}
+        engine = VllmEngine(path, max_model_len=1024, dtype="float32", **block)
     else:
         engine = TransformersEngine(path)
     out = {"engine": kind, "start_s": time.perf_counter() - start, "threads": torch.get_num_threads()}
@@ -58,8 +64,11 @@ def measure(kind: str, repeats: int) -> dict:
         engine.load_weights([weights])
         syncs.append(time.perf_counter() - start)
     out["sync_s"] = statistics.median(syncs)
-    for name, (split, questions, samples, max_tokens, temperature) in WORKLOADS.items():
-        examples = arithmetic.examples(split, (1, 2, 3), questions, seed=0)
+    workloads = {name: (*w, (1, 2, 3)) for name, w in WORKLOADS.items()}
+    if ":" in kind:
+        workloads["validation"] = VALIDATION
+    for name, (split, questions, samples, max_tokens, temperature, levels) in workloads.items():
+        examples = arithmetic.examples(split, levels, questions, seed=0)
         prompts = [encode_prompt(engine.tokenizer, e.prompt) for e in examples]
         rates, tokens = [], 0
         for r in range(repeats):
@@ -70,6 +79,7 @@ def measure(kind: str, repeats: int) -> dict:
             tokens = sum(len(c.token_ids) for g in groups for c in g)
             rates.append(tokens / seconds)
         out[name] = {"tokens_per_s": statistics.median(rates), "tokens": tokens,
+                     "seconds": tokens / statistics.median(rates),
                      "prompt_tokens": len(prompts[0])}
     return out
 
@@ -78,27 +88,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--vllm-blocks", type=int, nargs="+", default=None, metavar="N",
+                        help="compare vLLM with these KV block sizes instead of the engines")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # the child process's own
     args = parser.parse_args()
     if args.engine:
         print(json.dumps(measure(args.engine, args.repeats)))
         return
     results = {}
-    for kind in ("transformers", "vllm"):
+    kinds = [f"vllm:{b}" for b in args.vllm_blocks] if args.vllm_blocks else ["transformers", "vllm"]
+    for kind in kinds:
         child = subprocess.run([sys.executable, __file__, "--engine", kind, "--repeats",
                                 str(args.repeats)], capture_output=True, text=True,
                                env=dict(os.environ, PYTHONWARNINGS="ignore"))
         if child.returncode != 0:
             sys.exit(f"the {kind} run failed:\n{child.stderr[-3000:]}")
         results[kind] = json.loads(child.stdout.strip().splitlines()[-1])
-    t, v = results["transformers"], results["vllm"]
-    print("| workload | transformers tokens/s | vLLM tokens/s | vLLM / transformers |")
-    print("| --- | --- | --- | --- |")
-    for name in WORKLOADS:
-        a, b = t[name]["tokens_per_s"], v[name]["tokens_per_s"]
-        print(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
-    print(f"| engine start-up (s) | {t['start_s']:.1f} | {v['start_s']:.1f} | |")
-    print(f"| weight sync (s) | {t['sync_s']:.2f} | {v['sync_s']:.2f} | |")
+    if args.vllm_blocks:
+        first, last = results[kinds[0]], results[kinds[-1]]
+        print("| workload | " + " | ".join(f"block {b}: s (tokens/s)" for b in args.vllm_blocks)
+              + f" | block {args.vllm_blocks[-1]} / block {args.vllm_blocks[0]} (tokens/s) |")
+        print("| --- " * (len(kinds) + 2) + "|")
+        for name in (*WORKLOADS, "validation"):
+            cells = " | ".join(f"{results[k][name]['seconds']:.1f} ({results[k][name]['tokens_per_s']:.1f})"
+                               for k in kinds)
+            ratio = last[name]["tokens_per_s"] / first[name]["tokens_per_s"]
+            print(f"| {name} | {cells} | {ratio:.2f}x |")
+    else:
+        t, v = results["transformers"], results["vllm"]
+        print("| workload | transformers tokens/s | vLLM tokens/s | vLLM / transformers |")
+        print("| --- | --- | --- | --- |")
+        for name in WORKLOADS:
+            a, b = t[name]["tokens_per_s"], v[name]["tokens_per_s"]
+            print(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+        print(f"| engine start-up (s) | {t['start_s']:.1f} | {v['start_s']:.1f} | |")
+        print(f"| weight sync (s) | {t['sync_s']:.2f} | {v['sync_s']:.2f} | |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
