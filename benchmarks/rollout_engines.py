@@ -8,7 +8,7 @@ same prompts, counts, lengths and seeds: engine start-up, a weight sync (the mod
 Hugging Face-named tensors, lm_head left out as the actor's export does), and generated tokens
 per second on
 - `demo rollout`: one training step of the demo (4 prompts x 6 samples, up to 32 tokens, T = 1);
-- `evaluation`: the demo's evaluation (32 held-out questions x 4 samples, up to 32 tokens);
+- `evaluation`: 32 held-out questions x 4 samples, up to 32 tokens (the demo's evaluation until 2026-11-24);
 - `pool`: 8 training questions x 8 samples, up to 32 tokens, T = 0.7.
 Prompts are the built-in task's (levels 1-3). Tokens/s is the median over ``--repeats`` runs.
 

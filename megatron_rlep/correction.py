@@ -76,6 +76,11 @@ def sequence_correction(old: torch.Tensor, behaviour: torch.Tensor, is_level: Op
     return weights.float(), kept, raw.float()
 
 
+def active(cfg) -> bool:
+    """Whether an ``algorithm.correction`` section changes any token's loss."""
+    return cfg.is_level is not None or cfg.rs_level is not None or cfg.replay != "on_policy"
+
+
 def batch_correction(old: list[torch.Tensor], behaviour: list, replay: list[bool], cfg
                      ) -> tuple[Optional[list[torch.Tensor]], Optional[list[torch.Tensor]], dict]:
     """Per-sequence token weights and kept-token masks for a batch, and their metrics per source
@@ -85,7 +90,7 @@ def batch_correction(old: list[torch.Tensor], behaviour: list, replay: list[bool
     stored ones (replays; empty where absent), ``cfg`` an ``algorithm.correction`` section."""
     fresh_active = cfg.is_level is not None or cfg.rs_level is not None
     replay_mode = cfg.replay
-    if not fresh_active and replay_mode == "on_policy":
+    if not active(cfg):
         return None, None, {}
     weights, kept, stats = [], [], {"fresh": [], "replay": []}
     for logp, beh, is_replay in zip(old, behaviour, replay):

@@ -40,7 +40,7 @@ from megatron_rlep.builtin_model import resolve_model_path
 from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import Example, load_examples
 from megatron_rlep.files import write_text_atomic
-from megatron_rlep.correction import batch_correction
+from megatron_rlep.correction import active as correction_active, batch_correction
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
                                   rescue_replays, score_groups, score_samples)
 from megatron_rlep.loss import rollout_mismatch
@@ -224,29 +224,47 @@ class Trainer:
     def update(self, groups: list[Group]) -> tuple[list[dict], dict]:
         """Old log-probs from the current policy, then one optimiser update per mini-batch of
         ``prompts_per_update`` prompts (x epochs). Also returns how far the engine's behaviour
-        log-probs are from the actor's."""
+        log-probs are from the actor's.
+
+        The first mini-batch takes its old log-probs from its own forward pass (the policy has
+        not moved yet, so they are the same numbers) when nothing needs them before the update:
+        one epoch, no off-policy correction, no KL term. Only the later mini-batches then need a
+        forward pass of their own first."""
         a = self.cfg.algorithm
         if self.engine is not None:
             self.engine.sleep()  # a colocated engine frees its memory for the update
         assign_advantages(groups, a.normalize_std)
         self.actor.begin_step(self.step)
         batch = _sequences(groups)
-        batch.old_logp, _ = self.actor.logprobs(batch)
-        samples = [s for g in groups for s in g.samples]
-        mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
-        batch.weights, batch.kept, corrected = batch_correction(
-            batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples],
-            a.correction)
-        mismatch.update(corrected)
         offsets = [0]
         for g in groups:
             offsets.append(offsets[-1] + len(g.samples))
+        minis = [list(range(offsets[start], offsets[min(start + a.prompts_per_update, len(groups))]))
+                 for start in range(0, len(groups), a.prompts_per_update)]
+        fused = set(minis[0]) if a.epochs == 1 and not a.kl_coef and \
+            not correction_active(a.correction) else set()
+        old = [None] * len(batch)
+        later = [i for i in range(len(batch)) if i not in fused]
+        if later:
+            for i, logp in zip(later, self.actor.logprobs(_subset(batch, later))[0]):
+                old[i] = logp
+        batch.old_logp = old
+        samples = [s for g in groups for s in g.samples]
+        batch.weights, batch.kept, corrected = batch_correction(
+            batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples],
+            a.correction)
         results = []
         for _ in range(a.epochs):
-            for start in range(0, len(groups), a.prompts_per_update):
-                stop = min(start + a.prompts_per_update, len(groups))
-                index = list(range(offsets[start], offsets[stop]))
-                results.append(self.actor.train_step(_subset(batch, index)))
+            for index in minis:
+                sub = _subset(batch, index)
+                if sub.old_logp[0] is None:  # fused: the actor's own forward gives them
+                    sub.old_logp = None
+                results.append(self.actor.train_step(sub))
+                if sub.old_logp is None:
+                    for i, logp in zip(index, self.actor.fused_old_logp):
+                        batch.old_logp[i] = logp
+        mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
+        mismatch.update(corrected)
         return results, mismatch
 
     def sync_weights(self) -> dict:
@@ -284,7 +302,7 @@ class Trainer:
         validation samples with the same seeds, so points of a run, and of two runs, are paired;
         every answer's verdict goes to ``run_dir/validation/step-XXXXXX.jsonl`` for paired
         statistics (megatron_rlep/paired.py)."""
-        n, out, accs, record = self.cfg.validation.n, {}, [], []
+        n, out, accs, errors, record = self.cfg.validation.n, {}, [], [], []
         for name, examples in self.eval_sets.items():
             completions = generate_sharded(
                 self.engine, [self._prompt_ids(e) for e in examples], [n] * len(examples),
@@ -305,7 +323,10 @@ class Trainer:
                     out[f"{prefix}/pass@{n}"] = m["pass@k"][str(n)]
                     out[f"{prefix}/maj@{n}"] = m["maj@k"][str(n)]
             accs.append(result["all"]["mean@n"])
+            errors.append(result["all"]["stderr"]["mean@n"])
         out["val/acc"] = sum(accs) / len(accs) if accs else None
+        # its standard error over held-out questions (the sets' errors combined as independent)
+        out["val/acc_stderr"] = math.sqrt(sum(e * e for e in errors)) / len(errors) if errors else None
         if is_rank0():
             (self.run_dir / "validation").mkdir(parents=True, exist_ok=True)
             write_text_atomic("".join(json.dumps(r) + "\n" for r in record),
@@ -356,8 +377,19 @@ class Trainer:
             tmp = latest.with_suffix(".tmp")
             tmp.write_text(name + "\n")
             tmp.replace(latest)
+            self._prune_checkpoints()
         if dist.is_initialized():
             dist.barrier()
+
+    def _prune_checkpoints(self) -> None:
+        """Keep the newest ``logging.keep_checkpoints`` (0: all), once ``latest`` names the new one."""
+        keep = self.cfg.logging.keep_checkpoints
+        if not keep:
+            return
+        root = self.run_dir / "checkpoints"
+        for prefix in ("step-", "pool-"):
+            for old in sorted(root.glob(prefix + "[0-9]*"))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
 
     # ------------------------------------------------------------------ the loop
 

@@ -55,7 +55,7 @@ def test_stage_sizes_follow_the_training_and_heldout_files(tmp_path):
     stages = {s.name: s for s in plan(cfg, extra, compose(training_overrides(
         cfg, extra, "rlep", tmp_path)), tmp_path)}
     assert stages["pool"].total == math.ceil(7473 / 8)  # every GSM8K training question
-    assert stages["eval-rlep"].total == math.ceil(40 / 8) + math.ceil(30 / 8)
+    assert stages["eval-rlep"].total == math.ceil(40 / 32) + math.ceil(30 / 32)
     assert "limit=40" in stages["eval-rlep"].argv  # whole sets, not the built-in eval_size
     assert stages["baseline"].count() == stages["pool"].count() == 0
 
@@ -113,6 +113,9 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
         samples = (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines()
         assert len(samples) == 8 * 2
         assert 0 < r["wall_s"] <= report["total_seconds"]
+        errors = [json.loads(line).get("val/acc_stderr") for line in
+                  (out / run / "metrics.jsonl").read_text().splitlines()]
+        assert r["val_stderr_max"] == max(e for e in errors if e is not None) > 0
     # the paired comparison: each point is the two logged curves' values, the final one the
     # two evaluations' mean@n, each difference inside its interval
     compared = report["paired"]

@@ -96,7 +96,7 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS, prompt_le
 def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
     # prompts (about 74 tokens) are cut to 60: engine and actor must see the same ids
     train(assets, tmp_path / "run", "validation.n=2", "data.max_prompt_length=60",
-          engine=engine)
+          "logging.keep_checkpoints=1", engine=engine)
     lines = check_batches(tmp_path / "run", *assets, prompt_length=60)
     assert "val/acc" in lines[0] and "val/acc" in lines[-1]
     # held-out sets through megatron_rlep.metrics: per set and, for several sources, per source
@@ -114,7 +114,12 @@ def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
         assert len(rows) == 4 * 2 and {r["sample_index"] for r in rows} == {0, 1}
         acc = question_accuracy(rows)
         assert len(acc) == 4 and sum(acc.values()) / 4 == line["val/acc"]
+        spread = sum((a - line["val/acc"]) ** 2 for a in acc.values()) / 3
+        assert line["val/acc_stderr"] == pytest.approx(math.sqrt(spread / 4))
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    # a checkpoint every step, the newest kept (logging.keep_checkpoints=1)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
+        ["latest", "step-000002"]
     record = next((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
     assert b"replay_per_prompt" in record  # the resolved config
     assert b"experience-pool" in record  # the pool, logged as an artifact (by reference)

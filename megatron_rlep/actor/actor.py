@@ -109,6 +109,7 @@ class Actor:
         config.grad_scale_func = self.optimizer.scale_loss
         self.config = config
         self.step = 0
+        self.fused_old_logp = None  # train_step's own old log-probs, when it took them
 
     # ------------------------------------------------------------------ schedule
 
@@ -249,14 +250,17 @@ class Actor:
 
         def collect(mb, hidden):
             logp, ent = self._scored(mb, hidden, "detached" if with_entropy else "none")
-            rows = {}
-            for row, i in enumerate(mb.index):
-                keep = mb.loss_mask[row]
-                rows[i] = (logp[row][keep].float().cpu(),
-                           ent[row][keep].float().cpu() if ent is not None else None)
-            return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), {"rows": rows}
+            return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), \
+                {"rows": _per_sequence(mb, logp, ent)}
 
-        outputs = self._schedule(self._micros(batch), collect, forward_only=True)
+        merged = self._gather_rows(self._schedule(self._micros(batch), collect, forward_only=True))
+        logps = [merged[i][0] for i in range(len(batch))]
+        ents = [merged[i][1] for i in range(len(batch))] if with_entropy else None
+        return logps, ents
+
+    def _gather_rows(self, outputs: list[dict]) -> dict:
+        """The per-sequence rows the micro-batches returned, from every pipeline stage and
+        data-parallel rank: {index in the batch: (log-probs, entropies or None)}."""
         rows = {}
         for out in outputs:
             rows.update(out["rows"])
@@ -264,9 +268,7 @@ class Actor:
         merged = {}
         for part in self._all_dp(rows):
             merged.update(part)
-        logps = [merged[i][0] for i in range(len(batch))]
-        ents = [merged[i][1] for i in range(len(batch))] if with_entropy else None
-        return logps, ents
+        return merged
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -295,8 +297,10 @@ class Actor:
     def _policy_loss(self, mb, hidden):
         a = self.algorithm
         logp, entropy = self._scored(mb, hidden, "grad" if a.entropy_coef else "detached")
+        fused = mb.old_logp is None  # before the step's first update: old = this forward's
+        old = logp.detach() if fused else mb.old_logp
         pg, clipped, dual = objective.policy_token_loss(
-            logp, mb.old_logp, mb.advantages, a.clip_low, a.clip_high, a.dual_clip)
+            logp, old, mb.advantages, a.clip_low, a.clip_high, a.dual_clip)
         if mb.weights is not None:  # off-policy correction's importance weights
             pg = pg * mb.weights
         per_token = pg
@@ -316,18 +320,24 @@ class Actor:
                 entropy[mask].sum(), kl[mask].sum(), mask.sum(),
                 torch.tensor(len(mb.index), device=mask.device),
             ]).double().cpu()
-        return total, count.int(), {"stats": stats, "count": count.detach().double().cpu()}
+        out = {"stats": stats, "count": count.detach().double().cpu()}
+        if fused:
+            out["rows"] = _per_sequence(mb, old, None)
+        return total, count.int(), out
 
     def begin_step(self, step: int) -> None:
         """Set the learning rate of rollout step ``step`` (from 0) for all its updates."""
         optim.set_position(self.scheduler, optim.position(step, self.algorithm.warmup_from_zero))
 
     def train_step(self, batch: SequenceBatch) -> dict:
-        """One optimiser update on a mini-batch with advantages and old log-probs; metrics."""
+        """One optimiser update on a mini-batch with advantages and old log-probs; metrics.
+        Without old log-probs (``batch.old_logp`` None: valid only while the policy is the one
+        that is to be updated, i.e. before the step's first update) this forward's own are
+        used, and left per sequence in ``fused_old_logp``."""
         from megatron.core import parallel_state as ps
 
-        if batch.advantages is None or batch.old_logp is None:
-            raise ValueError("train_step needs a batch with advantages and old_logp")
+        if batch.advantages is None:
+            raise ValueError("train_step needs a batch with advantages")
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -342,6 +352,9 @@ class Actor:
             dist.all_reduce(both, group=ps.get_data_parallel_group())
             stats, count = both[:-1].cpu(), both[-1].cpu()
         stats, count = self._from_last_stage((stats, count))
+        if batch.old_logp is None:
+            merged = self._gather_rows(outputs)
+            self.fused_old_logp = [merged[i][0] for i in range(len(batch))]
         grad_norm, lr = optim.step(self.optimizer, self.algorithm.grad_clip)
         self.step += 1
         s = dict(zip(_STATS, stats.tolist()))
@@ -366,3 +379,14 @@ class Actor:
 
     def save_hf(self, path):
         return checkpoint.save_hf(path, self.export_hf(), self.hf_path)
+
+
+def _per_sequence(mb, logp: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:
+    """{index in the batch: (log-probs, entropies or None)} of a micro-batch's response tokens,
+    from its [b, s] tensors, on the CPU."""
+    rows = {}
+    for row, i in enumerate(mb.index):
+        keep = mb.loss_mask[row]
+        rows[i] = (logp[row][keep].detach().float().cpu(),
+                   ent[row][keep].float().cpu() if ent is not None else None)
+    return rows

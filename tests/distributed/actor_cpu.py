@@ -17,7 +17,8 @@ token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the l
 full recompute with log-probs in chunks changes neither log-probs nor gradients; at TP > 1,
 neither does sequence parallelism. Last, on a batch of groups that repeat their prompts, shared
 prompts (``share_prompts``: each prompt packed once per row) give transformers' log-probs and the
-plain actor's gradients (with sequence parallelism at TP > 1).
+plain actor's gradients (with sequence parallelism at TP > 1), and an update that takes its old
+log-probs from its own forward pass gives the gradients of one handed the same log-probs.
 Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
@@ -207,6 +208,17 @@ def step(model_dir, tp, pp, out):
     assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
     diff = max((a - b).abs().max().item() for a, b in zip(*grads))
     assert diff < 1e-5, f"gradients differ by {diff} with shared prompts"
+    # before a step's first update the old log-probs may come from the update's own forward
+    # (train_step without old_logp): the same gradients, and those log-probs handed back
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    on_policy = SequenceBatch(grouped.tokens, grouped.prompt_lengths, grouped.advantages, now)
+    fused = SequenceBatch(grouped.tokens, grouped.prompt_lengths, grouped.advantages)
+    diff = max((a - b).abs().max().item()
+               for a, b in zip(gradients(fresh, on_policy), gradients(fresh, fused)))
+    assert diff < 1e-5, f"gradients differ by {diff} with old log-probs from the update's forward"
+    fresh.train_step(fused)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(fresh.fused_old_logp, now))
     if rank == 0:
         print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
