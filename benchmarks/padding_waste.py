@@ -8,7 +8,8 @@ written solution as the answer (MATH-500's solutions and GSM8K's train answers, 
 distributions), tokenized with the built-in model's tokenizer. Each update gives one rank
 ``--per-rank`` sequences drawn at random (the paper's preset: 64 prompts x 16 answers over 32
 data-parallel ranks = 32 per rank), grouped by ``megatron_rlep.actor.batch.micro_batches``
-(longest first, as the actor does) or in arrival order (what a trainer without sorting does).
+(longest first, as the actor does) or in arrival order (what a trainer without sorting does),
+padded to each micro-batch's longest sequence or packed end to end (``parallel.pack_sequences``).
 Prints, per strategy: padded tokens as a share of real tokens, micro-batches per update and
 the largest micro-batch in tokens (what sets activation memory), over all updates.
 """
@@ -25,12 +26,14 @@ from megatron_rlep.builtin_model import resolve_model_path
 from megatron_rlep.data import load_examples
 from megatron_rlep.rollout import encode_prompt
 
-STRATEGIES = {  # name: (sorted, sequences per micro-batch, token budget)
-    "4 per micro-batch, arrival order": (False, 4, 0),
-    "4 per micro-batch, longest first": (True, 4, 0),
-    "4 and token budget 8192, longest first (the paper presets)": (True, 4, 8192),
-    "token budget 8192, longest first": (True, 10**6, 8192),
-    "token budget 16384, longest first": (True, 10**6, 16384),
+STRATEGIES = {  # name: (sorted, sequences per micro-batch, token budget, packed)
+    "4 per micro-batch, arrival order": (False, 4, 0, False),
+    "4 per micro-batch, longest first": (True, 4, 0, False),
+    "4 and token budget 8192, longest first (the paper presets)": (True, 4, 8192, False),
+    "token budget 8192, longest first": (True, 10**6, 8192, False),
+    "token budget 16384, longest first": (True, 10**6, 16384, False),
+    "packed, token budget 8192": (True, 10**6, 8192, True),
+    "packed, token budget 16384": (True, 10**6, 16384, True),
 }
 
 
@@ -38,13 +41,14 @@ def arrival_order(lengths: list[int], size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
 
 
-def measure(lengths: list[int], is_sorted: bool, size: int, budget: int) -> tuple[int, int, int]:
+def measure(lengths: list[int], is_sorted: bool, size: int, budget: int,
+            packed: bool) -> tuple[int, int, int]:
     """(padded tokens, micro-batches, largest micro-batch in tokens) of one update."""
-    groups = micro_batches(list(range(len(lengths))), lengths, size, budget) if is_sorted \
-        else arrival_order(lengths, size)
-    widths = [(len(g), max(lengths[i] for i in g)) for g in groups]
-    padded = sum(n * w for n, w in widths) - sum(lengths)
-    return padded, len(groups), max(n * w for n, w in widths)
+    groups = micro_batches(list(range(len(lengths))), lengths, size, budget, packed) \
+        if is_sorted else arrival_order(lengths, size)
+    tokens = [sum(lengths[i] for i in g) if packed else len(g) * max(lengths[i] for i in g)
+              for g in groups]
+    return sum(tokens) - sum(lengths), len(groups), max(tokens)
 
 
 def main() -> None:
@@ -75,8 +79,8 @@ def main() -> None:
                    for _ in range(args.updates)]
         real = sum(map(sum, updates))
         mean = real / (args.updates * args.per_rank)
-        for name, (is_sorted, size, budget) in STRATEGIES.items():
-            results = [measure(u, is_sorted, size, budget) for u in updates]
+        for name, (is_sorted, size, budget, packed) in STRATEGIES.items():
+            results = [measure(u, is_sorted, size, budget, packed) for u in updates]
             rows.append({"answers": source, "mean_sequence_tokens": round(mean, 1),
                          "strategy": name,
                          "padding_share": sum(r[0] for r in results) / real,

@@ -149,6 +149,10 @@ class ParallelConfig:
     # each prompt once per micro-batch row, followed by its sequences' responses (local layer
     # specs only; megatron_rlep/actor/batch.py): the same numbers, the prompt computed once
     share_prompts: bool = False
+    # a micro-batch's sequences end to end in one row, without padding (Megatron's THD layout
+    # with PackedSeqParams; Transformer Engine's attention, or the local specs' per-sequence
+    # attention): the same numbers; max_tokens_per_micro_batch then counts the packed tokens
+    pack_sequences: bool = False
 
 
 @dataclass
@@ -349,6 +353,9 @@ def _check_values(cfg) -> None:
             f"config key algorithm.prompts_per_update={cfg.algorithm.prompts_per_update} does "
             f"not divide algorithm.prompts_per_rollout={cfg.algorithm.prompts_per_rollout}; "
             f"pick a divisor so every update sees whole groups.")
+    if isinstance(cfg, Config) and cfg.parallel.share_prompts and cfg.parallel.pack_sequences:
+        raise ConfigError("config keys parallel.share_prompts and parallel.pack_sequences are two "
+                          "ways to pack a micro-batch; set one of them to false.")
 
 
 def _known_keys(node: Any) -> list[str]:

@@ -6,9 +6,12 @@
    Engine imports, local ones otherwise, said in one line) against transformers on a fixed
    sequence. bf16 is judged against bf16: the actor's distance to transformers in fp32 may be
    at most twice transformers-bf16's own distance to fp32, plus 0.02 nats.
-2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with
-   rollout.check_sync=true: after each weight sync the engine's log-probs of a fixed sequence
-   must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
+   Packed sequences (parallel.pack_sequences: the THD layout, Transformer Engine's packed
+   attention with TE) against padded rows on three sequences of different lengths: at most 0.02
+   nats apart on average in bf16 (1e-4 in fp32).
+2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with packed
+   sequences and rollout.check_sync=true: after each weight sync the engine's log-probs of a
+   fixed sequence must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
 3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics.
 Prints a summary and writes OUT/smoke.json; exit status 1 when a check fails. --allow-cpu runs
 the same in fp32 without CUDA (what the test suite does with a tiny model).
@@ -51,6 +54,7 @@ def logprob_parity(model: str, dtype: str) -> dict:
         return torch.log_softmax(logits[0, :-1].float().cpu(), -1).gather(-1, targets)[:, 0]
 
     ours = logp(actor.logits(ids))
+    packing = packing_parity(actor, tokenizer, dtype)
     reference = {}
     for name, torch_dtype in (("float32", torch.float32), (dtype, actor.dtype)):
         hf = AutoModelForCausalLM.from_pretrained(actor.hf_path, dtype=torch_dtype)
@@ -68,8 +72,29 @@ def logprob_parity(model: str, dtype: str) -> dict:
               "transformers_vs_fp32_mean": (reference[dtype] - exact).abs().mean().item()}
     allowed = 2 * result["transformers_vs_fp32_mean"] + (0.02 if dtype == "bfloat16" else 1e-4)
     result["allowed_mean"] = allowed
-    result["ok"] = result["actor_vs_fp32_mean"] <= allowed
+    result["packing"] = packing
+    result["ok"] = result["actor_vs_fp32_mean"] <= allowed and packing["ok"]
     return result
+
+
+def packing_parity(actor, tokenizer, dtype: str) -> dict:
+    """Log-probs of three sequences of different lengths packed end to end against padded."""
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    texts = ["Question: 2 + 2?\nAnswer: 4",
+             "Question: what is 12 * 12? Think step by step.\n12 * 12 = 144.\nAnswer: 144",
+             "Question: 9 - 3 - 1?\n9 - 3 = 6, 6 - 1 = 5.\nAnswer: 5"]
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    batch = SequenceBatch(ids, [3] * len(ids))
+    out = {}
+    for pack in (False, True):
+        actor.pack_sequences = pack
+        out[pack] = actor.logprobs(batch)[0]
+    actor.pack_sequences = False
+    diffs = [(a - b).abs() for a, b in zip(out[False], out[True])]
+    mean = (sum(d.sum() for d in diffs) / sum(len(d) for d in diffs)).item()
+    return {"packed_vs_padded_mean": mean, "packed_vs_padded_max": max(d.max().item() for d in diffs),
+            "ok": mean <= (0.02 if dtype == "bfloat16" else 1e-4)}
 
 
 def random_weights(shape_dir: Path, out: Path) -> str:
@@ -95,6 +120,7 @@ def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dic
                  "algorithm.rollouts_per_prompt=4", "algorithm.prompts_per_rollout=4",
                  "algorithm.prompts_per_update=2", "algorithm.warmup_steps=0",
                  "algorithm.replay.refresh=true",  # RLEP from an empty live pool
+                 "parallel.pack_sequences=true",
                  f"algorithm.entropy_coef={entropy_coef}",
                  "rollout.max_response_length=32", "rollout.check_sync=true",
                  "rollout.gpu_memory_utilization=0.3", "logging.eval_every=0",

@@ -43,10 +43,11 @@ def test_algorithm_groups_differ_as_documented():
     ("verifier.mode=fuzzy", "config key verifier.mode='fuzzy' is not allowed; use one of dapo, math"),
     ("algorithm=ppo", "Could not find 'algorithm/ppo'"),
     ("algorithm.prompts_per_update=7", "algorithm.prompts_per_update=7 does not divide"),
+    ("parallel.share_prompts=true parallel.pack_sequences=true", "two ways to pack a micro-batch"),
 ])
 def test_bad_keys_and_values_are_one_sentence(override, message):
     with pytest.raises(ConfigError) as info:
-        check_overrides([override])
+        check_overrides(override.split())
     text = str(info.value)
     assert message in text
     assert "\n" not in text and text.endswith(".")

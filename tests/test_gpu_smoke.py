@@ -1,5 +1,5 @@
 """scripts/gpu_smoke.py, the script that proves the GPU path, run here in fp32 on the CPU with a
-tiny model: log-prob parity with transformers, two RL steps (vLLM's CPU build where it imports,
+tiny model: log-prob parity with transformers and of packed sequences, two RL steps (vLLM's CPU build where it imports,
 RLEP from an empty live pool) with a weight-sync check after each, and its report; without
 CUDA and without --allow-cpu it stops in one sentence."""
 
@@ -28,6 +28,7 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     report = json.loads((tmp_path / "out" / "smoke.json").read_text())
     assert report["ok"] and report["device"] == "cpu" and report["parity"]["dtype"] == "float32"
     assert report["parity"]["actor_vs_fp32_mean"] <= 1e-4 and report["parity"]["tokens"] > 20
+    assert report["parity"]["packing"]["packed_vs_padded_max"] <= 1e-4  # THD against padded
     steps = report["steps"]
     assert len(steps["sync/max_logprob_diff"]) == 2
     assert all(d <= 1e-3 for d in steps["sync/max_logprob_diff"])

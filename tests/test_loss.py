@@ -147,3 +147,24 @@ def test_shared_prompts_pack_each_prompt_once_with_the_loss_side_unchanged():
     assert micro.advantages.tolist() == [[1.0], [-1.0]]
     wide = collate_shared(batch, [0, 1], torch.device("cpu"), multiple=4)  # padded to 8
     assert wide.tokens.shape == (1, 8) and (~wide.attention_mask[0, 0, 7]).int().tolist()[7] == 1
+
+
+def test_packed_sequences_stand_end_to_end_with_their_bounds():
+    from megatron_rlep.actor.batch import SequenceBatch, collate, collate_packed, micro_batches
+
+    batch = SequenceBatch([[5, 6, 7, 8, 9], [5, 6, 7, 10]], [3, 3])
+    micro = collate_packed(batch, [0, 1], torch.device("cpu"))
+    assert micro.tokens.tolist() == [[5, 6, 7, 8, 9, 5, 6, 7, 10]]
+    assert micro.positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3]]
+    assert micro.cu_seqlens.tolist() == [0, 5, 9] and micro.max_seqlen == 5
+    # labels 8, 9 from columns 2, 3 of sequence 0; 10 from column 5 + 2 of sequence 1
+    assert micro.hidden_index.tolist() == [2, 3, 7]
+    plain = collate(batch, [0, 1], torch.device("cpu"))
+    assert torch.equal(micro.loss_mask, plain.loss_mask) and torch.equal(micro.labels, plain.labels)
+    wide = collate_packed(batch, [0, 1], torch.device("cpu"), multiple=4)  # 9 -> 12: a padding
+    assert wide.cu_seqlens.tolist() == [0, 5, 9, 12] and wide.tokens.shape == (1, 12)
+    assert wide.positions[0, 9:].tolist() == [0, 1, 2]
+    # a budget counts packed tokens, not rows padded to the longest: 100 + 30 + 30 + 20 = 180
+    lengths = [100, 90, 30, 30, 20, 10, 10, 5]
+    assert micro_batches(list(range(8)), lengths, 8, 180, packed=True) == \
+        [[0], [1, 2, 3, 4, 5], [6, 7]]

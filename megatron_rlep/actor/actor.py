@@ -23,8 +23,9 @@ from torch.utils.checkpoint import checkpoint as checkpoint_function
 from megatron_rlep import loss as objective
 from megatron_rlep import platform
 from megatron_rlep.actor import attention, bridge, checkpoint, optim
-from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_shared, dp_slice, micro_batches,
-                                       packed_tokens, prompt_groups, shared_micro_batches)
+from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, collate_shared,
+                                       dp_slice, micro_batches, packed_tokens, prompt_groups,
+                                       shared_micro_batches)
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
@@ -55,7 +56,8 @@ class Actor:
                  temperature: float = 1.0, seed: int = 1234, transformer_impl: str = "auto",
                  max_tokens_per_micro_batch: int = 0, recompute: str = "none",
                  bf16_grads: bool = False, logprob_chunk_tokens: int = 0,
-                 sequence_parallel: bool = False, share_prompts: bool = False):
+                 sequence_parallel: bool = False, share_prompts: bool = False,
+                 pack_sequences: bool = False):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -91,6 +93,7 @@ class Actor:
         model = bridge.gpt_model(self.hf_config, config, spec).to(self.device)
         bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
         self.share_prompts = share_prompts
+        self.pack_sequences = pack_sequences
         self._positions = None  # a packed micro-batch's position ids, for the rotary embedding
         if share_prompts:
             model.rotary_pos_emb.register_forward_hook(self._rotary_at_positions)
@@ -127,8 +130,15 @@ class Actor:
             module.post_process = False  # hidden states out: the loss applies the output
             # layer to the response positions only (see _scored); no mask: causal attention
             self._positions = mb.positions if mb.attention_mask is not None else None
+            packed = None
+            if mb.cu_seqlens is not None:
+                from megatron.core.packed_seq_params import PackedSeqParams
+
+                packed = PackedSeqParams(
+                    qkv_format="thd", cu_seqlens_q=mb.cu_seqlens, cu_seqlens_kv=mb.cu_seqlens,
+                    max_seqlen_q=mb.max_seqlen, max_seqlen_kv=mb.max_seqlen)
             try:
-                output = model(mb.tokens, mb.positions, mb.attention_mask)
+                output = model(mb.tokens, mb.positions, mb.attention_mask, packed_seq_params=packed)
             finally:
                 module.post_process = last_stage
                 self._positions = None
@@ -146,9 +156,11 @@ class Actor:
         lengths = [len(t) for t in batch.tokens]
         if not self.share_prompts:
             mine = dp_slice(lengths, self.dp_rank, self.dp_size)
-            return [collate(batch, index, self.device, self._pad_multiple)
+            pack = self.pack_sequences
+            return [(collate_packed if pack else collate)(batch, index, self.device,
+                                                          self._pad_multiple)
                     for index in micro_batches(mine, lengths, self.micro_batch_size,
-                                               self.max_tokens_per_micro_batch)]
+                                               self.max_tokens_per_micro_batch, pack)]
         units = [(m, packed_tokens(batch, m)) for m in prompt_groups(batch)]
         mine = dp_slice(lengths, self.dp_rank, self.dp_size, units)
         return [collate_shared(batch, index, self.device, self._pad_multiple)
@@ -172,8 +184,9 @@ class Actor:
         """Hidden states [n, h] of the micro-batch's loss-mask positions, in the mask's order,
         from the decoder's output [s, b, h] (split over TP along s with sequence parallelism:
         gathered first; the rows' gradient comes back whole on every rank, so the gather's
-        backward only splits it). Packed rows (shared prompts) are picked by ``hidden_index``;
-        a prompt's last position feeds every response's first token, its gradients summed."""
+        backward only splits it). Packed rows (shared prompts, packed sequences) are picked by
+        ``hidden_index``; a shared prompt's last position feeds every response's first token,
+        its gradients summed."""
         if self.config.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 

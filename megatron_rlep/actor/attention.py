@@ -7,8 +7,10 @@ part of a layer after the linear layers. ``SdpaAttention`` keeps its interface (
 same [s, b, heads * dim] output) and computes causal attention with PyTorch's fused kernel,
 grouped-query heads included. Without a mask it is causal (the actor right-pads sequences, so
 that is all one sequence per row needs); shared prompts (``parallel.share_prompts``) pass their
-own mask, True where attention is not allowed (Megatron's convention). Dropout is not
-supported. Transformer Engine specs keep TE's attention.
+own mask, True where attention is not allowed (Megatron's convention). Packed sequences
+(``parallel.pack_sequences``, Megatron's THD layout: [t, heads, dim] with the bounds in
+``packed_seq_params``) run causal attention over each sequence alone, as Transformer Engine's
+attention does with them. Dropout is not supported. Transformer Engine specs keep TE's attention.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ class SdpaAttention(DotProductAttention):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is not None:  # [t, heads, dim], sequences end to end
+            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            out = [self.forward(*(x[a:b, None] for x in (query, key, value)))
+                   for a, b in zip(bounds[:-1], bounds[1:])]
+            return torch.cat(out)  # [t, 1, heads * dim]
         # [s, b, heads, dim] -> [b, heads, s, dim]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         allowed = None if attention_mask is None else ~attention_mask

@@ -4,7 +4,11 @@ A ``SequenceBatch`` is what the trainer hands the actor: token ids (prompt then 
 every sequence of an optimiser mini-batch, with per-sequence advantages and old log-probs when
 training. Every rank holds the whole batch; ``dp_slice`` picks this rank's share, balanced by
 tokens. ``micro_batches`` sorts by length so each micro-batch is padded only to its own
-longest sequence (the CPU local attention has no packed-sequence path).
+longest sequence. Packed sequences (``parallel.pack_sequences``; ``collate_packed``) remove the
+padding: a micro-batch's sequences stand end to end in one row, the THD layout of Transformer
+Engine's attention, with their bounds (``cu_seqlens``) in Megatron's ``PackedSeqParams``; the
+rotary embedding restarts at each bound and attention stays within a sequence, so every token's
+hidden state is the one it has alone.
 
 A micro-batch's tensors follow Megatron's next-token convention: ``labels[t] = tokens[t + 1]``
 and ``loss_mask[t]`` marks the positions whose label is a response token.
@@ -75,21 +79,24 @@ def dp_slice(lengths: list[int], rank: int, size: int,
 
 
 def micro_batches(indices: list[int], lengths: list[int], micro_batch_size: int,
-                  max_tokens: int = 0) -> list[list[int]]:
+                  max_tokens: int = 0, packed: bool = False) -> list[list[int]]:
     """``indices`` grouped into micro-batches of similar length, longest first: at most
     ``micro_batch_size`` sequences each and, with a token budget ``max_tokens`` > 0 (verl's
     dynamic batch size), at most that many tokens once padded to the micro-batch's longest
-    sequence (a sequence longer than the budget goes alone). The loss is a sum over tokens
-    divided by the mini-batch's count, so the grouping changes no result beyond float rounding."""
+    sequence, or, ``packed``, end to end (a sequence longer than the budget goes alone). The
+    loss is a sum over tokens divided by the mini-batch's count, so the grouping changes no
+    result beyond float rounding."""
     order = sorted(indices, key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
     for i in order:
         current = out[-1] if out else None
-        if current and len(current) < micro_batch_size and (
-                not max_tokens or (len(current) + 1) * lengths[current[0]] <= max_tokens):
-            current.append(i)
-        else:
-            out.append([i])
+        if current and len(current) < micro_batch_size:
+            tokens = sum(lengths[j] for j in current) + lengths[i] if packed \
+                else (len(current) + 1) * lengths[current[0]]
+            if not max_tokens or tokens <= max_tokens:
+                current.append(i)
+                continue
+        out.append([i])
     return out
 
 
@@ -155,6 +162,11 @@ class MicroBatch:
     # column) of each loss-mask position, in loss_mask's order
     attention_mask: Optional[torch.Tensor] = None
     hidden_index: Optional[torch.Tensor] = None
+    # packed sequences (collate_packed): tokens and positions [1, t], the sequences' bounds in the
+    # row [b + 1] (int32; padding is one more sequence at the end), the longest one's length, and
+    # hidden_index as above
+    cu_seqlens: Optional[torch.Tensor] = None
+    max_seqlen: int = 0
 
 
 def collate(batch: SequenceBatch, index: list[int], device: torch.device,
@@ -223,8 +235,29 @@ def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
     micro.tokens, micro.positions = tokens, positions
     micro.attention_mask = ~allowed[:, None]
     micro.hidden_index = source[micro.loss_mask]
+    return _to(micro, device)
+
+
+def collate_packed(batch: SequenceBatch, index: list[int], device: torch.device,
+                   multiple: int = 1) -> MicroBatch:
+    """The sequences ``index`` end to end in one row (THD, see the module's docstring), padded
+    at the end to a ``multiple`` as one more sequence; the loss side as ``collate`` makes it."""
+    micro = collate(batch, index, torch.device("cpu"))
+    lengths = [len(batch.tokens[i]) for i in index]
+    total = sum(lengths)
+    padding = -total % multiple
+    bounds = torch.tensor([0] + lengths + ([padding] if padding else []), dtype=torch.int32).cumsum(0)
+    micro.tokens = torch.tensor([t for i in index for t in batch.tokens[i]] + [0] * padding)[None]
+    micro.positions = torch.cat([torch.arange(n) for n in lengths + [padding]])[None]
+    source = bounds[:len(index), None].long() + torch.arange(micro.loss_mask.shape[1])
+    micro.hidden_index = source[micro.loss_mask]
+    micro.cu_seqlens, micro.max_seqlen = bounds.int(), max(lengths + [padding])
+    return _to(micro, device)
+
+
+def _to(micro: MicroBatch, device: torch.device) -> MicroBatch:
     for key in ("tokens", "positions", "labels", "loss_mask", "old_logp", "ref_logp", "weights",
-                "advantages", "attention_mask", "hidden_index"):
+                "advantages", "attention_mask", "hidden_index", "cu_seqlens"):
         value = getattr(micro, key)
         if value is not None:
             setattr(micro, key, value.to(device))

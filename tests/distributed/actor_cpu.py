@@ -16,7 +16,8 @@ exact over micro-batches and data-parallel shares, and one more that micro-batch
 token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss, and that
 full recompute with log-probs in chunks changes neither log-probs nor gradients; at TP > 1,
 neither does sequence parallelism. Last, on a batch of groups that repeat their prompts, shared
-prompts (``share_prompts``: each prompt packed once per row) give transformers' log-probs and the
+prompts (``share_prompts``: each prompt packed once per row) and packed sequences
+(``pack_sequences``: the THD layout, sequences end to end) give transformers' log-probs and the
 plain actor's gradients (with sequence parallelism at TP > 1), and an update that takes its old
 log-probs from its own forward pass gives the gradients of one handed the same log-probs.
 Every check raises; the last line printed by rank 0 is "OK ...".
@@ -196,18 +197,21 @@ def step(model_dir, tp, pp, out):
     from megatron.core import parallel_state
 
     grouped = grouped_batch(lambda b: reference_logp(model_dir, b)[0])
-    grads = []
-    for share in (False, True):
-        parallel_state.destroy_model_parallel()
-        fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3, share_prompts=share,
-                      sequence_parallel=share and tp > 1)
-        grads.append(gradients(fresh, grouped))
-    assert all(m.attention_mask is not None for m in fresh._micros(grouped))
-    now, _ = fresh.logprobs(grouped)
     reference = reference_logp(model_dir, grouped)[0]
-    assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
-    diff = max((a - b).abs().max().item() for a, b in zip(*grads))
-    assert diff < 1e-5, f"gradients differ by {diff} with shared prompts"
+    grads = []
+    for mode in ("plain", "pack", "share"):
+        parallel_state.destroy_model_parallel()
+        fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3,
+                      share_prompts=mode == "share", pack_sequences=mode == "pack",
+                      sequence_parallel=mode != "plain" and tp > 1)
+        grads.append(gradients(fresh, grouped))
+        micros = fresh._micros(grouped)
+        assert all((m.attention_mask is not None) == (mode == "share") and
+                   (m.cu_seqlens is not None) == (mode == "pack") for m in micros)
+        now, _ = fresh.logprobs(grouped)
+        assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
+        diff = max((a - b).abs().max().item() for a, b in zip(grads[0], grads[-1]))
+        assert diff < 1e-5, f"gradients differ by {diff} with {mode}"
     # before a step's first update the old log-probs may come from the update's own forward
     # (train_step without old_logp): the same gradients, and those log-probs handed back
     from megatron_rlep.actor.batch import SequenceBatch
