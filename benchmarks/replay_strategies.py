@@ -1,7 +1,8 @@
 """The replay strategies against the DAPO baseline on the built-in demo's settings.
 
     python benchmarks/replay_strategies.py [--seeds 1 2 3] [--root runs/replay-strategies] \
-        [--arms rescue priority refresh] [--json docs/replay_strategies.json] [overrides ...]
+        [--arms rescue priority refresh] [--json docs/replay_strategies.json] \
+        [--plot docs/replay_strategies.png] [overrides ...]
 
 Per seed: ``python -m megatron_rlep.demo seed=K out=ROOT/seed-K`` (the baseline, its pool, RLEP
 with the paper's ``uniform`` replay, evaluations, report; a finished seed is not run again),
@@ -10,7 +11,9 @@ arm's settings (``ARMS``), in ``ROOT/seed-K/<arm>``. Every run validates on the 
 questions with the same sampling seeds, so each arm is compared with the baseline point by
 point: the difference of the area under the validation curve and of the last point, with 95%
 paired bootstrap intervals over questions (megatron_rlep/paired.py), and the cost as the ratio of
-its mean step time to the baseline's. Over seeds: the mean difference with a 95% t-interval.
+its mean step time to the baseline's and the ratio of the sequences it trains on. Over seeds:
+the mean difference with a 95% t-interval. ``--plot``: every run's validation curve, a panel per
+seed.
 Reported whatever it shows; nothing is tuned on the result.
 """
 
@@ -32,6 +35,9 @@ ARMS = {
     "rescue": ["algorithm.replay.strategy=rescue"],
     "priority": ["algorithm.replay.strategy=priority"],
     "refresh": ["algorithm.replay.refresh=true", "algorithm.replay.strategy=recent"],
+    # a control: questions absent from the pool get G fresh rollouts like the baseline's, not
+    # G + M, so the difference to the baseline is the replays alone
+    "uniform_nofill": ["algorithm.fill_absent=false"],
 }
 
 
@@ -57,6 +63,11 @@ def step_seconds(run_dir: Path) -> float:
     return sum(values) / len(values)
 
 
+def sequences(run_dir: Path) -> int:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sum(r.get("train/sequences") or 0 for r in rows)
+
+
 def compare(out: Path, run_dir: Path, seed: int) -> dict:
     from megatron_rlep import paired
     from plot import read_validation
@@ -71,6 +82,7 @@ def compare(out: Path, run_dir: Path, seed: int) -> dict:
 
     return {"area": c["area"], "last": c["per_step"][-1],
             "step_time_ratio": step_seconds(run_dir) / step_seconds(out / "baseline"),
+            "sequences_ratio": sequences(run_dir) / sequences(out / "baseline"),
             "replay_fraction": mean("train/replay_fraction"),
             "groups_with_replays": mean("train/groups_with_replays"),
             "replay_advantage_share": mean("train/replay_advantage_share")}
@@ -85,17 +97,45 @@ def markdown(table: dict, pooled_rows: dict) -> str:
             f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
 
     lines = ["| arm | seed | area - baseline | last point - baseline | step time / baseline | "
-             "replay fraction | groups with replays | replays' advantage share |",
-             "|" + "---|" * 8]
+             "sequences / baseline | replay fraction | groups with replays | "
+             "replays' advantage share |", "|" + "---|" * 9]
     for arm, rows in table.items():
         for seed, r in rows.items():
             lines.append(f"| {arm} | {seed} | {d(r['area'])} | {d(r['last'])} | "
-                         f"{r['step_time_ratio']:.2f} | {r['replay_fraction']:.3f} | "
+                         f"{r['step_time_ratio']:.2f} | {r['sequences_ratio']:.2f} | "
+                         f"{r['replay_fraction']:.3f} | "
                          f"{r['groups_with_replays']:.2f} | {r['replay_advantage_share']:.3f} |")
         pool = pooled_rows[arm]
         lines.append(f"| {arm} | pooled ({pool['area']['seeds']} seeds, 95% t) | {p(pool['area'])} "
-                     f"| {p(pool['last'])} | | | | |")
+                     f"| {p(pool['last'])} | | | | | |")
     return "\n".join(lines)
+
+
+def plot(root: Path, seeds: list[int], arms: list[str], path: Path) -> None:
+    """Validation accuracy against step of the baseline and every arm, a panel per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from plot import read_validation
+
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.5 * len(seeds), 3.6), sharey=True,
+                             squeeze=False)
+    for ax, seed in zip(axes[0], seeds):
+        out = (root / f"seed-{seed}").resolve()
+        for arm in ["baseline", *arms]:
+            run = out / ("baseline" if arm == "baseline" else "rlep" if arm == "uniform" else arm)
+            curve = read_validation(run)
+            steps = sorted(curve)
+            ax.plot(steps, [sum(curve[s].values()) / len(curve[s]) for s in steps], marker="o",
+                    ms=3, label=arm, color="black" if arm == "baseline" else None)
+        ax.set_title(f"seed {seed}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out accuracy (128 questions x 2)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
@@ -106,6 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--root", type=Path, default=Path("runs/replay-strategies"))
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
     args, extra = parser.parse_known_args(argv)
     table: dict = {arm: {} for arm in args.arms}
     for seed in args.seeds:
@@ -122,6 +163,8 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"arms": {a: ARMS[a] for a in args.arms}, "table": table,
                                          "pooled": pooled_rows, "overrides": extra}, indent=1) + "\n")
+    if args.plot:
+        plot(args.root, args.seeds, args.arms, args.plot)
     return 0
 
 

@@ -212,6 +212,11 @@ def step(model_dir, tp, pp, out):
         assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
         diff = max((a - b).abs().max().item() for a, b in zip(grads[0], grads[-1]))
         assert diff < 1e-5, f"gradients differ by {diff} with {mode}"
+        if mode == "pack":  # a budget of the longest sequence's tokens regroups the rows
+            fresh.max_tokens_per_micro_batch = max(map(len, grouped.tokens))
+            assert len(fresh._micros(grouped)) > len(micros)
+            diff = max((a - b).abs().max().item() for a, b in zip(grads[0], gradients(fresh, grouped)))
+            assert diff < 1e-5, f"gradients differ by {diff} with packed rows under a token budget"
     # before a step's first update the old log-probs may come from the update's own forward
     # (train_step without old_logp): the same gradients, and those log-probs handed back
     from megatron_rlep.actor.batch import SequenceBatch
