@@ -235,11 +235,12 @@ def test_seed_study_pools_the_paired_differences_over_seeds(tmp_path):
 
 
 def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_path):
-    def write_run(run_dir, step_s, right):  # right[step]: questions answered right (of 4)
+    def write_run(run_dir, step_s, sequences, right):  # right[step]: questions right (of 4)
         (run_dir / "validation").mkdir(parents=True)
         (run_dir / "hf").mkdir()
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-            {"step": 0}, *({"step": s, "time/step_s": step_s, "train/replay_fraction": 0.25,
+            {"step": 0}, *({"step": s, "time/step_s": step_s, "train/sequences": sequences,
+                            "train/replay_fraction": 0.25,
                             "train/groups_with_replays": 0.5, "train/replay_advantage_share": 0.1}
                            for s in (1, 2))]))
         for step, n in enumerate(right):
@@ -249,9 +250,9 @@ def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_p
 
     for seed in (1, 2):
         out = tmp_path / f"seed-{seed}"
-        write_run(out / "baseline", 2.0, [1, 1, 1])
-        write_run(out / "rlep", 3.0, [1, 2, 3])
-        write_run(out / "rescue", 2.5, [1, 1, 2 + seed])
+        write_run(out / "baseline", 2.0, 8, [1, 1, 1])
+        write_run(out / "rlep", 3.0, 10, [1, 2, 3])
+        write_run(out / "rescue", 2.5, 9, [1, 1, 2 + seed])
         (out / "report.json").write_text("{}")
     tool = Path(__file__).resolve().parent.parent / "benchmarks" / "replay_strategies.py"
     done = subprocess.run([sys.executable, str(tool), "--seeds", "1", "2", "--root", str(tmp_path),
@@ -260,9 +261,12 @@ def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_p
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "arms.json").read_text())
     uniform, rescue = result["table"]["uniform"]["1"], result["table"]["rescue"]
-    # uniform: +0, +1/4, +2/4 over steps 0-2: area +0.25, last point +0.5; 1.5x the step time
+    # uniform: +0, +1/4, +2/4 over steps 0-2: area +0.25, last point +0.5; 1.5x the step time,
+    # 10 sequences a step against 8
     assert uniform["area"]["diff"] == pytest.approx(0.25) and uniform["last"]["diff"] == 0.5
     assert uniform["step_time_ratio"] == pytest.approx(1.5)
+    assert uniform["sequences_ratio"] == pytest.approx(1.25)
+    assert rescue["1"]["sequences_ratio"] == pytest.approx(1.125)
     assert [rescue[s]["last"]["diff"] for s in ("1", "2")] == [0.5, 0.75]
     assert result["pooled"]["rescue"]["last"]["mean"] == pytest.approx(0.625)
 
