@@ -57,15 +57,13 @@ def arm_run(out: Path, arm: str, extra: list[str]) -> Path:
     return out / arm
 
 
-def step_seconds(run_dir: Path) -> float:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    values = [r["time/step_s"] for r in rows if r.get("time/step_s") is not None]
-    return sum(values) / len(values)
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def sequences(run_dir: Path) -> int:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return sum(r.get("train/sequences") or 0 for r in rows)
+def mean(rows: list[dict], key: str):
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def compare(out: Path, run_dir: Path, seed: int) -> dict:
@@ -74,18 +72,17 @@ def compare(out: Path, run_dir: Path, seed: int) -> dict:
 
     base, other = read_validation(out / "baseline"), read_validation(run_dir)
     c = paired.curves(base, other, 0.6, seed=seed)
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows, base_rows = metrics(run_dir), metrics(out / "baseline")
 
-    def mean(key):
-        values = [r[key] for r in rows if r.get(key) is not None]
-        return sum(values) / len(values) if values else None
+    def sequences(rows):
+        return sum(r.get("train/sequences") or 0 for r in rows)
 
     return {"area": c["area"], "last": c["per_step"][-1],
-            "step_time_ratio": step_seconds(run_dir) / step_seconds(out / "baseline"),
-            "sequences_ratio": sequences(run_dir) / sequences(out / "baseline"),
-            "replay_fraction": mean("train/replay_fraction"),
-            "groups_with_replays": mean("train/groups_with_replays"),
-            "replay_advantage_share": mean("train/replay_advantage_share")}
+            "step_time_ratio": mean(rows, "time/step_s") / mean(base_rows, "time/step_s"),
+            "sequences_ratio": sequences(rows) / sequences(base_rows),
+            "replay_fraction": mean(rows, "train/replay_fraction"),
+            "groups_with_replays": mean(rows, "train/groups_with_replays"),
+            "replay_advantage_share": mean(rows, "train/replay_advantage_share")}
 
 
 def markdown(table: dict, pooled_rows: dict) -> str:
