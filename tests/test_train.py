@@ -169,10 +169,11 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     import signal
     import time
 
+    # with the replay state that resume must restore: priority's pass rates and a live pool
     model, pool = assets
     run_dir = tmp_path / "run"
 
-    def cmd(steps):
+    def cmd(steps, run_dir=run_dir):
         return [sys.executable, "-m", "megatron_rlep.train", f"model.path={model}",
                 "data.train_size=8", "data.eval_size=4", "data.levels=[1,2]",
                 "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
@@ -180,7 +181,8 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
                 f"algorithm.pool={pool}", f"algorithm.total_steps={steps}",
                 "rollout.engine=transformers", "rollout.max_response_length=8",
                 "logging.wandb=disabled", "logging.eval_every=0", "logging.save_every=0",
-                "logging.progress=false", f"run_dir={run_dir}"]
+                "algorithm.replay.strategy=priority", "algorithm.replay.refresh=true",
+                "logging.progress=false", "logging.dump_batches=true", f"run_dir={run_dir}"]
 
     proc = subprocess.Popen(cmd(40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env())
@@ -201,6 +203,21 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     assert f"at step {stopped}" in result.stdout
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == list(range(1, stopped + 3))
+    # the same as a run never stopped: prompts, replays, sampled answers and the last loss
+    straight = tmp_path / "straight"
+    result = subprocess.run(cmd(stopped + 2, straight), capture_output=True, text=True, env=env(),
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for step in range(stopped + 2):
+        a, b = (json.loads((run / "batches" / f"step-{step:06d}.json").read_text())
+                for run in (straight, run_dir))
+        assert [(g["prompt_ids"], g["replays"], [s["response_ids"] for s in g["samples"]])
+                for g in a] == \
+               [(g["prompt_ids"], g["replays"], [s["response_ids"] for s in g["samples"]])
+                for g in b], step
+    last = [json.loads(x) for x in metrics.read_text().splitlines()][-1]
+    last_straight = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["actor/loss"] == pytest.approx(last_straight["actor/loss"], rel=1e-4)
 
 
 @pytest.mark.e2e
