@@ -1,7 +1,7 @@
 """The two-phase demo for several seeds, and what they say together.
 
     python benchmarks/demo_seeds.py [--seeds 1 2 3 4 5] [--root runs/demo-seeds] \
-        [--json docs/demo_seeds.json] [demo or training overrides ...]
+        [--json docs/demo_seeds.json] [--prune] [demo or training overrides ...]
 
 Runs ``python -m megatron_rlep.demo seed=K out=ROOT/seed-K`` for each seed (a finished seed is
 not run again: the demo resumes), then prints a Markdown table per seed of the paired
@@ -9,7 +9,15 @@ differences RLEP minus baseline (final evaluation, area under the validation cur
 validation point; 95% paired bootstrap intervals over held-out questions) and the numbers that
 explain them (replay fraction, effective M, the pool, the baseline's saturation, the replays'
 share of the advantage mass), and the pooled line: the mean over seeds of each paired
-difference with a 95% t-interval over seeds. Nothing is tuned on the result.
+difference with a 95% t-interval over seeds and a 95% interval from a two-level bootstrap over
+seeds and, within each, held-out questions (megatron_rlep/paired.py ``nested``).
+
+With ``compare=matched`` (a demo key) every seed also trains the compute-matched control (DAPO
+with G + M fresh rollouts), and a second table compares RLEP with it, and it with the baseline,
+the same way, with the sequences each run trained on and its training time.
+
+``--prune`` removes the Megatron checkpoints of every finished seed (its ``hf/`` policies, logs
+and validation records stay), so many seeds fit the disk. Nothing is tuned on the result.
 """
 
 from __future__ import annotations
@@ -17,10 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -34,14 +45,46 @@ def logged_mean(run_dir: Path, key: str) -> float | None:
 def seed_row(out: Path) -> dict:
     report = json.loads((out / "report.json").read_text())
     c, base, rlep = report["paired"], report["runs"]["baseline"], report["runs"]["rlep"]
-    return {"seed": report["seed"], "eval": c["evaluation"], "area": c["area"],
-            "last": c["validation"][-1], "baseline_peak": base["peak"],
-            "baseline_peak_step": base["peak_step"], "baseline_final": base["final"],
-            "replay_fraction": rlep["replay_fraction"], "effective_m": rlep["effective_m"],
-            "pool_questions": report["pool"]["questions"],
-            "pool_pass_rate": report["pool"]["mean_pass_rate"],
-            "replay_advantage_share": logged_mean(out / "rlep", "train/replay_advantage_share"),
-            "minutes": report["total_seconds"] / 60}
+    row = {"seed": report["seed"], "eval": c["evaluation"], "area": c["area"],
+           "last": c["validation"][-1], "baseline_peak": base["peak"],
+           "baseline_peak_step": base["peak_step"], "baseline_final": base["final"],
+           "replay_fraction": rlep["replay_fraction"], "effective_m": rlep["effective_m"],
+           "pool_questions": report["pool"]["questions"],
+           "pool_pass_rate": report["pool"]["mean_pass_rate"],
+           "replay_advantage_share": logged_mean(out / "rlep", "train/replay_advantage_share"),
+           "minutes": report["total_seconds"] / 60}
+    if report.get("matched"):
+        row["matched"] = {name: {"eval": m["evaluation"], "area": m["area"],
+                                 "last": m["validation"][-1]}
+                          for name, m in report["matched"].items()}
+        row["cost"] = {run: {"sequences": r["sequences"], "minutes": r["wall_s"] / 60}
+                       for run, r in report["runs"].items()}
+    return row
+
+
+COMPARISONS = {"rlep_minus_matched": ("matched", "rlep"),
+               "matched_minus_baseline": ("baseline", "matched")}
+
+
+def bootstrap_pooled(root: Path, seeds: list[int], a: str, b: str) -> dict:
+    """B minus A pooled over seeds for eval, area and last point, each with the two-level
+    bootstrap interval over seeds and held-out questions (paired.nested)."""
+    from megatron_rlep import paired
+
+    def evaluation(run_dir):
+        return paired.question_accuracy(json.loads(line) for line in
+                                        (run_dir / "samples.jsonl").read_text().splitlines())
+
+    units = {"eval": [], "area": [], "last": []}
+    for seed in seeds:
+        out = root / f"seed-{seed}"
+        va, vb = (paired.validation_records(out / run) for run in (a, b))
+        last = max(va.keys() & vb.keys())
+        units["eval"].append(paired.point_difference(evaluation(out / f"eval-{a}"),
+                                                     evaluation(out / f"eval-{b}")))
+        units["area"].append(paired.curve_area_difference(va, vb))
+        units["last"].append(paired.point_difference(va[last], vb[last]))
+    return {k: paired.nested(v) for k, v in units.items()}
 
 
 def pooled(diffs: list[float]) -> dict:
@@ -52,7 +95,40 @@ def pooled(diffs: list[float]) -> dict:
     return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": len(diffs)}
 
 
-def markdown(rows: list[dict], pool: dict) -> str:
+def matched_markdown(rows: list[dict], pool: dict, boot: dict) -> str:
+    """The compute-matched table: RLEP - matched and matched - baseline per seed, with the
+    sequences and minutes of every run, and the pooled lines."""
+    def d(x):
+        return f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+
+    runs = ("baseline", "rlep", "matched")
+    lines = ["| seed | " + " | ".join(f"{m} {name.replace('_', ' ')}" for name in
+                                      ("rlep_minus_matched", "matched_minus_baseline")
+                                      for m in ("eval", "area", "last point")) +
+             " | sequences (baseline / RLEP / matched) | minutes (baseline / RLEP / matched) |",
+             "|" + "---|" * 9]
+    for r in rows:
+        m, cost = r["matched"], r["cost"]
+        cells = [d(m[name][k]) for name in ("rlep_minus_matched", "matched_minus_baseline")
+                 for k in ("eval", "area", "last")]
+        lines.append(f"| {r['seed']} | " + " | ".join(cells) + " | " +
+                     " / ".join(str(cost[x]["sequences"]) for x in runs) + " | " +
+                     " / ".join(f"{cost[x]['minutes']:.1f}" for x in runs) + " |")
+    for label, intervals in (("95% t-interval", pool), ("95% bootstrap, seeds x questions", boot)):
+        cells = [_pooled_cell(intervals[name][k]) for name in ("rlep_minus_matched",
+                                                                "matched_minus_baseline")
+                 for k in ("eval", "area", "last")]
+        lines.append(f"| pooled ({len(rows)} seeds, {label}) | " + " | ".join(cells) + " | | |")
+    return "\n".join(lines)
+
+
+def _pooled_cell(x: dict) -> str:
+    if x["low"] is None:
+        return f"{x['mean']:+.3f}"
+    return f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+
+
+def markdown(rows: list[dict], pool: dict, boot: dict | None = None) -> str:
     def d(x):
         return f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
 
@@ -69,14 +145,19 @@ def markdown(rows: list[dict], pool: dict) -> str:
                      f"{r['effective_m']:.2f} | {r['pool_questions']} ({rate}) | {share} | "
                      f"{r['minutes']:.1f} |")
 
-    def p(x):
-        if x["low"] is None:
-            return f"{x['mean']:+.3f}"
-        return f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
-
+    p = _pooled_cell
     lines.append(f"| pooled ({pool['eval']['seeds']} seeds, 95% t-interval) | {p(pool['eval'])} | "
                  f"{p(pool['area'])} | {p(pool['last'])} | | | | | | | |")
+    if boot is not None:
+        lines.append(f"| pooled ({pool['eval']['seeds']} seeds, 95% bootstrap, seeds x questions) "
+                     f"| {p(boot['eval'])} | {p(boot['area'])} | {p(boot['last'])} | | | | | | | |")
     return "\n".join(lines)
+
+
+def prune(out: Path) -> None:
+    """A finished seed's Megatron checkpoints go; its policies, logs and records stay."""
+    for checkpoints in out.glob("*/checkpoints"):
+        shutil.rmtree(checkpoints)
 
 
 def main(argv=None) -> int:
@@ -84,10 +165,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--root", type=Path, default=Path("runs/demo-seeds"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--prune", action="store_true",
+                        help="remove finished seeds' Megatron checkpoints (see above)")
     args, overrides = parser.parse_known_args(argv)
     for seed in args.seeds:
         out = args.root / f"seed-{seed}"
-        if not (out / "report.json").is_file():
+        report = out / "report.json"
+        matched_missing = "compare=matched" in overrides and report.is_file() and \
+            not json.loads(report.read_text()).get("matched")
+        if not report.is_file() or matched_missing:
             print(f"seed {seed}: python -m megatron_rlep.demo seed={seed} out={out}", flush=True)
             done = subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"seed={seed}",
                                    f"out={out}", "progress=false", *overrides])
@@ -95,13 +181,27 @@ def main(argv=None) -> int:
                 print(f"error: the demo for seed {seed} failed (exit {done.returncode}); its "
                       f"logs are in {out / 'logs'}; rerun to resume it", file=sys.stderr)
                 return done.returncode
+        if args.prune:
+            prune(out)
     rows = [seed_row(args.root / f"seed-{seed}") for seed in args.seeds]
     pool = {k: pooled([r[k]["diff"] for r in rows]) for k in ("eval", "area", "last")}
-    text = markdown(rows, pool)
+    have_records = all((args.root / f"seed-{s}" / "eval-rlep" / "samples.jsonl").is_file()
+                       for s in args.seeds)
+    boot = bootstrap_pooled(args.root, args.seeds, "baseline", "rlep") if have_records else None
+    text = markdown(rows, pool, boot)
+    result = {"seeds": rows, "pooled": pool, "bootstrap": boot, "overrides": overrides}
+    if all("matched" in r for r in rows):
+        result["matched_pooled"] = {name: {k: pooled([r["matched"][name][k]["diff"] for r in rows])
+                                           for k in ("eval", "area", "last")}
+                                    for name in ("rlep_minus_matched", "matched_minus_baseline")}
+        result["matched_bootstrap"] = {name: bootstrap_pooled(args.root, args.seeds,
+                                                              *COMPARISONS[name])
+                                       for name in ("rlep_minus_matched", "matched_minus_baseline")}
+        text += "\n\n" + matched_markdown(rows, result["matched_pooled"],
+                                           result["matched_bootstrap"])
     print(text)
     if args.json:
-        args.json.write_text(json.dumps({"seeds": rows, "pooled": pool, "overrides": overrides},
-                                        indent=1) + "\n")
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

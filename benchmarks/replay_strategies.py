@@ -7,11 +7,13 @@
 Per seed: ``python -m megatron_rlep.demo seed=K out=ROOT/seed-K`` (the baseline, its pool, RLEP
 with the paper's ``uniform`` replay, evaluations, report; a finished seed is not run again),
 then one more RLEP run per arm from the same base model, seed and pool, differing only in the
-arm's settings (``ARMS``), in ``ROOT/seed-K/<arm>``. Every run validates on the same held-out
+arm's settings (``ARMS``), in ``ROOT/seed-K/<arm>``; the ``matched`` arm is the compute-matched control, DAPO
+with G + M fresh rollouts and no pool. Every run validates on the same held-out
 questions with the same sampling seeds, so each arm is compared with the baseline point by
 point: the difference of the area under the validation curve and of the last point, with 95%
 paired bootstrap intervals over questions (megatron_rlep/paired.py), and the cost as the ratio of
-its mean step time to the baseline's and the ratio of the sequences it trains on. Over seeds:
+its mean step time to the baseline's, the ratio of the sequences it trains on, and both as
+numbers (sequences trained, minutes of training steps). Over seeds:
 the mean difference with a 95% t-interval. ``--plot``: every run's validation curve, a panel per
 seed.
 Reported whatever it shows; nothing is tuned on the result.
@@ -38,6 +40,9 @@ ARMS = {
     # a control: questions absent from the pool get G fresh rollouts like the baseline's, not
     # G + M, so the difference to the baseline is the replays alone
     "uniform_nofill": ["algorithm.fill_absent=false"],
+    # the compute-matched control: DAPO with G + M fresh rollouts per prompt, no pool (the
+    # demo's compare=matched run, trained here when the demo did not)
+    "matched": [],
 }
 
 
@@ -50,8 +55,14 @@ def arm_run(out: Path, arm: str, extra: list[str]) -> Path:
         return out / "rlep"
     mine, train_extra = split_arguments(extra)
     cfg = compose([f"out={out}", *mine], "demo")
-    argv = training_overrides(cfg, train_extra, "rlep", out)
-    argv = [a for a in argv if not a.startswith("run_dir=")] + [f"run_dir={out / arm}", *ARMS[arm]]
+    if arm == "matched":
+        group = compose(training_overrides(cfg, train_extra, "baseline", out)).algorithm
+        argv = training_overrides(cfg, train_extra, "matched", out,
+                                  group.rollouts_per_prompt + cfg.replay_per_prompt)
+    else:
+        argv = training_overrides(cfg, train_extra, "rlep", out)
+        argv = [a for a in argv if not a.startswith("run_dir=")] + [f"run_dir={out / arm}",
+                                                                      *ARMS[arm]]
     if not (out / arm / "hf").is_dir():
         subprocess.run([sys.executable, "-m", "megatron_rlep.train", *argv], check=True)
     return out / arm
@@ -68,9 +79,9 @@ def mean(rows: list[dict], key: str):
 
 def compare(out: Path, run_dir: Path, seed: int) -> dict:
     from megatron_rlep import paired
-    from plot import read_validation
+    from megatron_rlep.paired import validation_records
 
-    base, other = read_validation(out / "baseline"), read_validation(run_dir)
+    base, other = validation_records(out / "baseline"), validation_records(run_dir)
     c = paired.curves(base, other, 0.6, seed=seed)
     rows, base_rows = metrics(run_dir), metrics(out / "baseline")
 
@@ -80,6 +91,8 @@ def compare(out: Path, run_dir: Path, seed: int) -> dict:
     return {"area": c["area"], "last": c["per_step"][-1],
             "step_time_ratio": mean(rows, "time/step_s") / mean(base_rows, "time/step_s"),
             "sequences_ratio": sequences(rows) / sequences(base_rows),
+            "sequences": sequences(rows),
+            "minutes": sum(r.get("time/step_s") or 0 for r in rows) / 60,
             "replay_fraction": mean(rows, "train/replay_fraction"),
             "groups_with_replays": mean(rows, "train/groups_with_replays"),
             "replay_advantage_share": mean(rows, "train/replay_advantage_share")}
@@ -94,17 +107,17 @@ def markdown(table: dict, pooled_rows: dict) -> str:
             f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
 
     lines = ["| arm | seed | area - baseline | last point - baseline | step time / baseline | "
-             "sequences / baseline | replay fraction | groups with replays | "
-             "replays' advantage share |", "|" + "---|" * 9]
+             "sequences / baseline | sequences | minutes | replay fraction | groups with replays | "
+             "replays' advantage share |", "|" + "---|" * 11]
     for arm, rows in table.items():
         for seed, r in rows.items():
             lines.append(f"| {arm} | {seed} | {d(r['area'])} | {d(r['last'])} | "
                          f"{r['step_time_ratio']:.2f} | {r['sequences_ratio']:.2f} | "
-                         f"{r['replay_fraction']:.3f} | "
+                         f"{r['sequences']} | {r['minutes']:.1f} | {r['replay_fraction']:.3f} | "
                          f"{r['groups_with_replays']:.2f} | {r['replay_advantage_share']:.3f} |")
         pool = pooled_rows[arm]
         lines.append(f"| {arm} | pooled ({pool['area']['seeds']} seeds, 95% t) | {p(pool['area'])} "
-                     f"| {p(pool['last'])} | | | | | |")
+                     f"| {p(pool['last'])} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -114,7 +127,7 @@ def plot(root: Path, seeds: list[int], arms: list[str], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from plot import read_validation
+    from megatron_rlep.paired import validation_records
 
     fig, axes = plt.subplots(1, len(seeds), figsize=(4.5 * len(seeds), 3.6), sharey=True,
                              squeeze=False)
@@ -122,7 +135,7 @@ def plot(root: Path, seeds: list[int], arms: list[str], path: Path) -> None:
         out = (root / f"seed-{seed}").resolve()
         for arm in ["baseline", *arms]:
             run = out / ("baseline" if arm == "baseline" else "rlep" if arm == "uniform" else arm)
-            curve = read_validation(run)
+            curve = validation_records(run)
             steps = sorted(curve)
             ax.plot(steps, [sum(curve[s].values()) / len(curve[s]) for s in steps], marker="o",
                     ms=3, label=arm, color="black" if arm == "baseline" else None)

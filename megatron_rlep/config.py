@@ -250,6 +250,10 @@ class DemoConfig:
     # accuracy on the demo's held-out questions (0.11 on levels 3, 4 and 6)
     threshold: float = 0.2
     wandb: str = "disabled"  # online | offline | disabled, for both runs and the evaluations
+    # matched: a third run, DAPO with G + M fresh rollouts per prompt (RLEP's group size and
+    # sequences per step), evaluated and compared with RLEP: is the gain the replays or the
+    # larger groups?
+    compare: str = "none"
     progress: bool = True
 
 
@@ -291,7 +295,7 @@ _CHOICES = {
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
     "parallel.recompute": ("none", "selective", "full"),
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
-    "wandb": ("online", "offline", "disabled"),
+    "wandb": ("online", "offline", "disabled"), "compare": ("none", "matched"),
 }
 _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),

@@ -17,6 +17,10 @@ The demo's own keys are those of ``DemoConfig`` (megatron_rlep/config.py); every
    (``report.md``, ``report.json``) is put together from the runs' ``metrics.jsonl``, the
    evaluations' ``metrics.json`` and the pool statistics.
 
+``compare=matched`` adds a compute-matched control after RLEP: DAPO with G + M fresh rollouts per
+prompt (RLEP's group size and sequences per step, no pool), evaluated like the others; the
+report then compares RLEP with it as it compares RLEP with the baseline.
+
 Each stage is the project's own command in a child process (the same commands slurm/pipeline.sh
 chains on a cluster); its output goes to ``OUT/logs/<stage>.log`` and a live bar follows its
 files. A finished stage is recorded in ``OUT/stages.json`` and not redone when the same command
@@ -55,13 +59,21 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
     return mine, [a for a in argv if a not in mine]
 
 
-def training_overrides(cfg: DemoConfig, extra: list[str], run: str, out: Path) -> list[str]:
+def runs_of(cfg: DemoConfig) -> tuple[str, ...]:
+    """The training runs: baseline and RLEP, and the compute-matched control when asked."""
+    return RUNS + (("matched",) if cfg.compare == "matched" else ())
+
+
+def training_overrides(cfg: DemoConfig, extra: list[str], run: str, out: Path,
+                       group: int | None = None) -> list[str]:
     """The trainer's command line for ``run``: the shared preset and overrides, then what tells
-    the two runs apart (M and the pool)."""
+    the runs apart (M and the pool; for ``matched``, ``group`` = G + M fresh rollouts)."""
     shared = [f"experiment={cfg.experiment}", f"seed={cfg.seed}", *extra,
               f"logging.wandb={cfg.wandb}", "logging.progress=false", f"run_dir={out / run}"]
     if run == "baseline":
         return shared + ["algorithm.replay_per_prompt=0"]
+    if run == "matched":
+        return shared + ["algorithm.replay_per_prompt=0", f"algorithm.rollouts_per_prompt={group}"]
     return shared + ["algorithm.name=rlep", f"algorithm.replay_per_prompt={cfg.replay_per_prompt}",
                      f"algorithm.pool={out / 'pool'}"]
 
@@ -120,22 +132,27 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
                 f"verifier={train.verifier.mode}", f"seed={cfg.seed}", f"chunk_size={EVAL_CHUNK}",
                 f"out={out / ('eval-' + run)}", f"logging.wandb={cfg.wandb}", "progress=false"]
 
-    steps = train.algorithm.total_steps
+    steps, group = train.algorithm.total_steps, train.algorithm.rollouts_per_prompt
     units = sum(math.ceil(n / EVAL_CHUNK) for n in n_eval)
+
+    def training(run, title):
+        argv = training_overrides(cfg, extra, run, out, group + cfg.replay_per_prompt)
+        return Stage(run, title, [py, "-m", "megatron_rlep.train", *argv], steps, "step",
+                     lambda: _steps_logged(out / run))
+
+    matched = [training("matched", f"compute-matched DAPO, G={group + cfg.replay_per_prompt} "
+                        f"fresh rollouts, {steps} steps")] if cfg.compare == "matched" else []
     return [
-        Stage("baseline", f"DAPO baseline, M=0, {steps} steps",
-              [py, "-m", "megatron_rlep.train", *training_overrides(cfg, extra, "baseline", out)],
-              steps, "step", lambda: _steps_logged(out / "baseline")),
+        training("baseline", f"DAPO baseline, M=0, {steps} steps"),
         Stage("pool", f"experience pool, {cfg.pool_samples} samples per training question",
               pool_argv, math.ceil(n_train / POOL_SHARD), "shard",
               lambda: len(list((out / "pool").glob("shard-*.json")))),
-        Stage("rlep", f"RLEP from the base model, M={cfg.replay_per_prompt}, {steps} steps",
-              [py, "-m", "megatron_rlep.train", *training_overrides(cfg, extra, "rlep", out)],
-              steps, "step", lambda: _steps_logged(out / "rlep")),
+        training("rlep", f"RLEP from the base model, M={cfg.replay_per_prompt}, {steps} steps"),
+        *matched,
         *(Stage(f"eval-{run}", f"evaluation of the {run} policy, {cfg.eval_samples} samples "
                 f"per held-out question", eval_argv(run), units, "unit",
                 lambda run=run: len(list((out / f"eval-{run}" / "parts").glob("unit-*.jsonl"))))
-          for run in RUNS),
+          for run in runs_of(cfg)),
     ]
 
 
@@ -238,35 +255,57 @@ def _tool(argv: list[str], log: Path) -> str:
 
 def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
                 seconds: dict) -> dict:
-    """report.json / report.md / curves.png / pool.png from the stages' own files."""
+    """report.json / report.md / curves.png / pool.png (and curves-matched.png) from the stages'
+    own files."""
     py, logs = sys.executable, out / "logs"
-    _tool([py, str(ROOT / "tools" / "plot.py"), *(str(out / r) for r in RUNS), "--names", *RUNS,
-           "--metric", "val/acc", "-o", str(out / "curves.png"), "--paired",
-           "--threshold", str(cfg.threshold), "--seed", str(cfg.seed)], logs / "report.log")
-    drawn = json.loads((out / "curves.json").read_text())
-    curves, compared = drawn["runs"], drawn["paired"]
-    final = paired.difference(*(paired.question_accuracy(
-        json.loads(line) for line in (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines())
-        for run in RUNS), seed=cfg.seed)
+
+    def draw(a, b, png):  # two runs' curves with the paired difference (tools/plot.py)
+        _tool([py, str(ROOT / "tools" / "plot.py"), str(out / a), str(out / b), "--names", a, b,
+               "--metric", "val/acc", "-o", str(out / png), "--paired", "--threshold",
+               str(cfg.threshold), "--seed", str(cfg.seed)], logs / "report.log")
+        return json.loads((out / png).with_suffix(".json").read_text())
+
+    def evaluation(a, b):  # b minus a on the final evaluation's questions
+        return paired.difference(*(paired.question_accuracy(
+            json.loads(line) for line in (out / f"eval-{run}" / "samples.jsonl").read_text().splitlines())
+            for run in (a, b)), seed=cfg.seed)
+
+    drawn = draw("baseline", "rlep", "curves.png")
+    curves, compared = dict(drawn["runs"]), drawn["paired"]
     pool = json.loads(_tool([py, str(ROOT / "tools" / "pool.py"), "stats", str(out / "pool"),
                              "--json", "--plot", str(out / "pool.png")], logs / "report.log"))
+    matched = None
+    if cfg.compare == "matched":
+        drawn_matched = draw("matched", "rlep", "curves-matched.png")
+        curves["matched"] = drawn_matched["runs"]["matched"]
+        c = drawn_matched["paired"]
+        versus_baseline = paired.curves(*(paired.validation_records(out / r)
+                                          for r in ("baseline", "matched")), cfg.threshold,
+                                        seed=cfg.seed)
+        matched = {"rlep_minus_matched": {"validation": c["per_step"], "area": c["area"],
+                                          "evaluation": evaluation("matched", "rlep")},
+                   "matched_minus_baseline": {"validation": versus_baseline["per_step"],
+                                              "area": versus_baseline["area"],
+                                              "evaluation": evaluation("baseline", "matched")}}
     runs = {}
-    for run in RUNS:
+    for run in runs_of(cfg):
         c = curves[run]
-        evaluation = json.loads((out / f"eval-{run}" / "metrics.json").read_text())["all"]
-        steps = [r for r in _logged(out / run) if "train/replay_fraction" in r]
-        errors = [r["val/acc_stderr"] for r in _logged(out / run) if r.get("val/acc_stderr") is not None]
+        evaluation_all = json.loads((out / f"eval-{run}" / "metrics.json").read_text())["all"]
+        logged = _logged(out / run)
+        steps = [r for r in logged if "train/replay_fraction" in r]
+        errors = [r["val/acc_stderr"] for r in logged if r.get("val/acc_stderr") is not None]
         runs[run] = {"curve": c["curve"], "peak": c["peak"], "peak_step": c["peak_step"],
                      "final": c["final"], "wall_s": round(seconds[run], 1),
+                     "sequences": sum(r["train/sequences"] for r in steps),
                      "replay_fraction": _average(steps, "train/replay_fraction"),
                      "effective_m": _average(steps, "train/replays_per_group"),
                      "distinct_replays": _average(steps, "train/distinct_replays_per_group"),
                      # the largest standard error (over held-out questions) of a validation point
                      "val_stderr_max": max(errors) if errors else None,
-                     "eval": {"n": evaluation["n"], "mean@n": evaluation["mean@n"],
-                              "pass@n": evaluation["pass@k"][str(evaluation["n"])],
-                              "maj@n": evaluation["maj@k"][str(evaluation["n"])],
-                              "stderr_mean@n": evaluation["stderr"]["mean@n"]}}
+                     "eval": {"n": evaluation_all["n"], "mean@n": evaluation_all["mean@n"],
+                              "pass@n": evaluation_all["pass@k"][str(evaluation_all["n"])],
+                              "maj@n": evaluation_all["maj@k"][str(evaluation_all["n"])],
+                              "stderr_mean@n": evaluation_all["stderr"]["mean@n"]}}
     a, data = train.algorithm, train.data
     n_train, n_eval = _sizes(train)
     report = {
@@ -277,12 +316,15 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
                      "levels": list(data.levels) if data.train == "arithmetic" else None,
                      "train_questions": n_train, "heldout_questions": sum(n_eval),
                      "val_samples": train.validation.n, "eval_samples": cfg.eval_samples,
-                     "max_response_length": train.rollout.max_response_length, "lr": a.lr},
+                     "max_response_length": train.rollout.max_response_length, "lr": a.lr,
+                     "compare": cfg.compare},
         "runs": runs,
         "rlep_steps_to_baseline_peak": curves["rlep"]["reaches_peak_of"]["baseline"],
         "paired": {"validation": compared["per_step"], "area": compared["area"],
-                   "to_threshold": compared["to_threshold"], "evaluation": final,
+                   "to_threshold": compared["to_threshold"],
+                   "evaluation": evaluation("baseline", "rlep"),
                    "questions": compared["questions"]},
+        "matched": matched,
         "pool": {k: pool[k] for k in ("questions", "trajectories", "candidates_per_question",
                                       "mean_pass_rate")},
         "stage_seconds": {k: round(v, 1) for k, v in seconds.items()},
@@ -307,12 +349,13 @@ def markdown(report: dict) -> str:
              f"{s['val_samples']} answer(s) per held-out question at temperature 1"
              f"{_stderr_note(runs)}.", "",
              f"| run | peak val acc | step of peak | final val acc | eval mean@{n} | "
-             f"eval pass@{n} | eval maj@{n} | training time |", "|---|---|---|---|---|---|---|---|"]
+             f"eval pass@{n} | eval maj@{n} | sequences trained | training time |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         e = r["eval"]
         lines.append(f"| {name} | {r['peak']:.3f} | {r['peak_step']} | {r['final']:.3f} | "
                      f"{e['mean@n']:.3f} ± {e['stderr_mean@n']:.3f} | {e['pass@n']:.3f} | "
-                     f"{e['maj@n']:.3f} | {_clock(r['wall_s'])} |")
+                     f"{e['maj@n']:.3f} | {r.get('sequences', '-')} | {_clock(r['wall_s'])} |")
     reached = report["rlep_steps_to_baseline_peak"]
     base = runs["baseline"]
     lines += ["", f"The baseline peaks at {base['peak']:.3f} at step {base['peak_step']}; " +
@@ -326,12 +369,16 @@ def markdown(report: dict) -> str:
               f"{rlep['effective_m']:.2f} replays per group, {rlep['distinct_replays']:.2f} of "
               "them distinct texts.", ""]
     lines += paired_lines(report["paired"])
+    if report.get("matched"):
+        lines += matched_lines(report["matched"], g_prime)
     p = report["pool"]
     rate = f" (their pass rate when sampled: {p['mean_pass_rate']:.3f} on average)" \
         if p["mean_pass_rate"] is not None else ""
     lines += [f"Pool: {p['questions']} of {s['train_questions']} training questions kept with "
               f"{p['trajectories']} verified answers{rate}.", "",
               "![held-out accuracy](curves.png)", "", "![pool](pool.png)", "",
+              *(["![RLEP against the compute-matched control](curves-matched.png)", ""]
+                if report.get("matched") else []),
               "| stage | time |", "|---|---|"]
     lines += [f"| {k} | {_clock(v)} |" for k, v in report["stage_seconds"].items()]
     lines += [f"| total | {_clock(report['total_seconds'])} |", "",
@@ -373,19 +420,36 @@ def paired_lines(c: dict) -> list[str]:
     return lines
 
 
+def matched_lines(m: dict, g_prime: int) -> list[str]:
+    """The compute-matched control's lines: RLEP against DAPO with G' fresh rollouts."""
+    def d(x):
+        return f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+
+    r, b = m["rlep_minus_matched"], m["matched_minus_baseline"]
+    return [f"Compute-matched control (DAPO with G = {g_prime} fresh rollouts per prompt, RLEP's "
+            "group size, no replays), with the same 95% paired intervals:", "",
+            f"- RLEP minus matched: area {d(r['area'])}, last point {d(r['validation'][-1])}, "
+            f"final evaluation {d(r['evaluation'])}.",
+            f"- Matched minus baseline: area {d(b['area'])}, last point "
+            f"{d(b['validation'][-1])}, final evaluation {d(b['evaluation'])}.", ""]
+
+
 def run(cfg: DemoConfig, extra: list[str]) -> dict:
     """The five stages (those not done before), then the report."""
     out = Path(cfg.out).resolve()
     train = compose(training_overrides(cfg, extra, "rlep", out))  # checks preset and overrides
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "progress", "wandb")}
+    # compare adds stages without changing the others: a demo may be rerun with it
+    settings = {k: v for k, v in asdict(cfg).items()
+                if k not in ("out", "progress", "wandb", "compare")}
     jobs.pin_settings(out / "demo.json", {**settings, "train_overrides": extra}, rank=0)
     stages = plan(cfg, extra, train, out)
     record = out / "stages.json"
     seconds = json.loads(record.read_text()) if record.is_file() else {}
     started = time.perf_counter()
-    print(f"RLEP demo into {out}: baseline, pool, RLEP, two evaluations, report; stage logs in "
-          f"{out / 'logs'}", flush=True)
+    control = ", the compute-matched control" if cfg.compare == "matched" else ""
+    print(f"RLEP demo into {out}: baseline, pool, RLEP{control}, evaluations, report; stage logs "
+          f"in {out / 'logs'}", flush=True)
     for index, stage in enumerate(stages, 1):
         if stage.name in seconds:
             print(f"[{index}/{len(stages)}] {stage.name}: done before ({_clock(seconds[stage.name])})",

@@ -13,13 +13,19 @@ percentile of the resampled values.
   mean accuracy over training); and the first step at which each run reaches a threshold (a
   fixed accuracy, or A's best), with the share of resamples in which it does.
 
+* ``nested``: a statistic pooled over several seeds, each with its own questions, with a
+  two-level bootstrap: resample the seeds, then each drawn seed's questions.
+
 Input: ``{question id: accuracy}`` per run (the mean over that question's answers). Pure
-functions; no files.
+functions; ``validation_records`` alone reads a run's files.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
+from typing import Callable
 
 
 def question_accuracy(rows) -> dict[str, float]:
@@ -31,6 +37,20 @@ def question_accuracy(rows) -> dict[str, float]:
         totals[key][0] += bool(row["correct"])
         totals[key][1] += 1
     return {key: right / n for key, (right, n) in totals.items()}
+
+
+def validation_records(run_dir: str | Path) -> dict[int, dict[str, float]]:
+    """{step: {question: accuracy}} from a run's per-answer validation records
+    (``RUN/validation/step-*.jsonl``, written by the trainer)."""
+    out = {}
+    for path in sorted((Path(run_dir) / "validation").glob("step-*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        out[int(path.stem.split("-")[1])] = question_accuracy(rows)
+    if not out:
+        raise FileNotFoundError(f"{Path(run_dir) / 'validation'} holds no step-*.jsonl; a paired "
+                                "comparison needs runs whose trainer wrote per-answer validation "
+                                "records")
+    return out
 
 
 def resamples(questions: list[str], reps: int, seed: int) -> list[list[str]]:
@@ -115,3 +135,37 @@ def curves(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], thres
                           "high": interval(hits)[1] if hits else None}
         out["to_threshold"][name] = entry
     return out
+
+
+def curve_area_difference(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]]
+                          ) -> tuple[list[str], Callable[[list[str]], float]]:
+    """(the questions, the area of B's curve minus A's on a sample of them), for ``nested``."""
+    steps = sorted(a.keys() & b.keys())
+    if not steps:
+        raise ValueError("the two runs have no validation step in common")
+    questions = _common(a[steps[0]], b[steps[0]])
+    return questions, lambda sample: (area(steps, [_mean(b[s], sample) for s in steps]) -
+                                      area(steps, [_mean(a[s], sample) for s in steps]))
+
+
+def point_difference(a: dict[str, float], b: dict[str, float]
+                     ) -> tuple[list[str], Callable[[list[str]], float]]:
+    """(the questions, B's mean accuracy minus A's on a sample of them), for ``nested``."""
+    return _common(a, b), lambda sample: _mean(b, sample) - _mean(a, sample)
+
+
+def nested(units: list[tuple[list[str], Callable[[list[str]], float]]], reps: int = 2000,
+           seed: int = 0) -> dict:
+    """The mean over seeds of a per-seed statistic, with a 95% interval from a two-level
+    bootstrap: each draw takes len(units) seeds with replacement, then, for each seed drawn,
+    its questions with replacement, and averages the statistic over the seeds drawn. ``units``
+    holds one (questions, statistic) pair per seed."""
+    rng = random.Random(seed)
+    value = sum(stat(questions) for questions, stat in units) / len(units)
+    draws = []
+    for _ in range(reps):
+        picked = rng.choices(units, k=len(units))
+        draws.append(sum(stat(rng.choices(questions, k=len(questions)))
+                         for questions, stat in picked) / len(picked))
+    low, high = interval(draws)
+    return {"mean": value, "low": low, "high": high, "seeds": len(units)}

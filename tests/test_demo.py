@@ -172,11 +172,26 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     assert resumed.stdout.count("done before") == 4
     assert (out / "logs" / "eval-rlep.log").read_text().count("$ ") == 2
     assert (out / "logs" / "baseline.log").read_text().count("$ ") == 2  # stopped, resumed
+    # the compute-matched control added to the finished demo: two more stages, the rest kept
+    matched = demo(out, "compare=matched", timeout=600)
+    assert matched.returncode == 0, matched.stderr[-3000:]
+    assert matched.stdout.count("done before") == 5 and "[4/7] matched" in matched.stderr
+    with_control = json.loads((out / "report.json").read_text())
+    seqs = {run: r["sequences"] for run, r in with_control["runs"].items()}
+    assert seqs == {"baseline": 8, "rlep": 16, "matched": 16}  # 2 steps x 2 prompts x G or G'
+    assert "algorithm.replay_per_prompt=0 algorithm.rollouts_per_prompt=4" in \
+        (out / "logs" / "matched.log").read_text().splitlines()[1]
+    m = with_control["matched"]["rlep_minus_matched"]
+    assert m["evaluation"]["diff"] == pytest.approx(
+        with_control["runs"]["rlep"]["eval"]["mean@n"] - with_control["runs"]["matched"]["eval"]["mean@n"])
+    assert [p["step"] for p in m["validation"]] == [0, 1, 2]
+    assert "Compute-matched control (DAPO with G = 4" in (out / "report.md").read_text()
+    assert with_control["runs"]["rlep"] == runs["rlep"]
     # other settings into the same directory are refused in one sentence, nothing is lost
     refused = demo(out, "replay_per_prompt=1", timeout=120)
     assert refused.returncode == 2
     assert "was started with other settings (replay_per_prompt: 2 there, 1 now)" in refused.stderr
-    assert json.loads((out / "report.json").read_text())["runs"] == runs
+    assert json.loads((out / "report.json").read_text())["runs"]["rlep"] == runs["rlep"]
 
 
 def test_table_of_several_reports_with_means(tmp_path):
@@ -234,6 +249,62 @@ def test_seed_study_pools_the_paired_differences_over_seeds(tmp_path):
     assert "| pooled (3 seeds, 95% t-interval) | +0.050 [-0.074, +0.174] |" in done.stdout
 
 
+def test_seed_study_compares_rlep_with_the_compute_matched_control(tmp_path):
+    """Per seed every run answers both held-out questions alike, so only the seeds vary in the
+    two-level bootstrap: RLEP - matched is +0.5 (seed 1) and +1.0 (seed 2) at the last point."""
+    def records(path, accuracy):  # two answers per question, the share right = accuracy
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"data_source": "t", "id": q, "sample_index": j,
+                                            "correct": j < round(2 * accuracy)}) + "\n"
+                                for q in ("q1", "q2") for j in range(2)))
+
+    def diff(x):
+        return {"diff": x, "low": x - 0.1, "high": x + 0.1}
+
+    last = {1: {"baseline": 0.0, "matched": 0.5, "rlep": 1.0},
+            2: {"baseline": 0.0, "matched": 0.0, "rlep": 1.0}}
+    for seed, acc in last.items():
+        out = tmp_path / f"seed-{seed}"
+        for run, value in acc.items():
+            records(out / run / "validation" / "step-000000.jsonl", 0.0)
+            records(out / run / "validation" / "step-000002.jsonl", value)
+            records(out / f"eval-{run}" / "samples.jsonl", value)
+            (out / run / "metrics.jsonl").write_text('{"step": 0}\n')
+        run = {"peak": 0.5, "peak_step": 2, "final": 0.5, "replay_fraction": 0.25,
+               "effective_m": 2.0, "sequences": 96, "wall_s": 60.0}
+        rm, mb = acc["rlep"] - acc["matched"], acc["matched"] - acc["baseline"]
+        (out / "report.json").write_text(json.dumps({
+            "seed": seed, "total_seconds": 600.0, "pool": {"questions": 10, "mean_pass_rate": 0.5},
+            "runs": {"baseline": dict(run, sequences=72), "rlep": run, "matched": run},
+            "paired": {"evaluation": diff(1.0), "area": diff(0.5), "validation": [diff(1.0)]},
+            "matched": {"rlep_minus_matched": {"evaluation": diff(rm), "area": diff(rm / 2),
+                                               "validation": [diff(rm)]},
+                        "matched_minus_baseline": {"evaluation": diff(mb), "area": diff(mb / 2),
+                                                   "validation": [diff(mb)]}}}))
+    tool = Path(__file__).resolve().parent.parent / "benchmarks" / "demo_seeds.py"
+    done = subprocess.run([sys.executable, tool, "--seeds", "1", "2", "--root", str(tmp_path),
+                           "--json", str(tmp_path / "seeds.json"), "compare=matched"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "seeds.json").read_text())
+    boot = result["matched_bootstrap"]["rlep_minus_matched"]
+    # last point and evaluation: 0.5 and 1.0, pooled 0.75; the draws of two seeds average
+    # 0.5, 0.75 or 1.0; areas (trapezoid over steps 0-2) are half of that
+    for key, scale in (("last", 1.0), ("eval", 1.0), ("area", 0.5)):
+        assert boot[key]["mean"] == pytest.approx(0.75 * scale)
+        assert (boot[key]["low"], boot[key]["high"]) == (pytest.approx(0.5 * scale),
+                                                         pytest.approx(1.0 * scale))
+    t = result["matched_pooled"]["rlep_minus_matched"]["last"]
+    assert t["high"] - t["mean"] == pytest.approx(12.706 * 0.5 / 2 ** 0.5 / 2 ** 0.5)
+    assert result["matched_bootstrap"]["matched_minus_baseline"]["eval"]["mean"] == \
+        pytest.approx(0.25)
+    assert result["bootstrap"]["last"]["mean"] == pytest.approx(1.0)  # RLEP - baseline
+    assert "| 1 | +0.500 [+0.400, +0.600] |" in done.stdout
+    assert "72 / 96 / 96 | 1.0 / 1.0 / 1.0 |" in done.stdout  # sequences and minutes per run
+    assert "| pooled (2 seeds, 95% bootstrap, seeds x questions) | +0.750 [+0.500, +1.000] |" \
+        in done.stdout
+
+
 def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_path):
     def write_run(run_dir, step_s, sequences, right):  # right[step]: questions right (of 4)
         (run_dir / "validation").mkdir(parents=True)
@@ -253,10 +324,12 @@ def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_p
         write_run(out / "baseline", 2.0, 8, [1, 1, 1])
         write_run(out / "rlep", 3.0, 10, [1, 2, 3])
         write_run(out / "rescue", 2.5, 9, [1, 1, 2 + seed])
+        write_run(out / "matched", 2.4, 10, [1, 1, 2])  # G + M fresh rollouts, no replays
         (out / "report.json").write_text("{}")
     tool = Path(__file__).resolve().parent.parent / "benchmarks" / "replay_strategies.py"
     done = subprocess.run([sys.executable, str(tool), "--seeds", "1", "2", "--root", str(tmp_path),
-                           "--arms", "uniform", "rescue", "--json", str(tmp_path / "arms.json")],
+                           "--arms", "uniform", "rescue", "matched", "--json",
+                           str(tmp_path / "arms.json")],
                           capture_output=True, text=True)  # every run is there: nothing runs
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "arms.json").read_text())
@@ -269,6 +342,10 @@ def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_p
     assert rescue["1"]["sequences_ratio"] == pytest.approx(1.125)
     assert [rescue[s]["last"]["diff"] for s in ("1", "2")] == [0.5, 0.75]
     assert result["pooled"]["rescue"]["last"]["mean"] == pytest.approx(0.625)
+    matched = result["table"]["matched"]["1"]  # the compute-matched control: RLEP's sequences
+    assert matched["last"]["diff"] == 0.25 and matched["sequences"] == 20
+    assert matched["sequences_ratio"] == pytest.approx(1.25)
+    assert matched["minutes"] == pytest.approx(2 * 2.4 / 60)
 
 
 def _gone(pid: int, seconds: float = 10.0) -> bool:

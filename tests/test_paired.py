@@ -58,3 +58,29 @@ def test_curves_compare_every_step_the_area_and_the_steps_to_a_threshold():
     assert best["level"] == 0.5 and best["a"]["step"] == 2 and best["b"]["step"] == 2
     assert best["a"]["reached_share"] == 1.0  # A always reaches its own best
     assert 0 < fixed["b"]["reached_share"] <= 1 and fixed["a"]["reached_share"] < 1
+
+
+def test_nested_bootstrap_over_seeds_and_questions_by_hand():
+    # two seeds whose difference is the same on every question (0.2 and 0.4): only the seeds
+    # vary; draws of two seeds average 0.2, 0.3 or 0.4 (chances 1/4, 1/2, 1/4)
+    def flat(value):
+        return paired.point_difference({"q1": 0.0, "q2": 0.0}, {"q1": value, "q2": value})
+
+    out = paired.nested([flat(0.2), flat(0.4)], reps=4000)
+    assert out["mean"] == pytest.approx(0.3) and out["seeds"] == 2
+    assert (out["low"], out["high"]) == (pytest.approx(0.2), pytest.approx(0.4))
+    # one seed: only its questions vary, as in the one-level bootstrap (0, 0.5, 1; [0, 1])
+    one = paired.nested([paired.point_difference({"q1": 0.0, "q2": 0.0}, {"q1": 1.0, "q2": 0.0})],
+                        reps=4000)
+    assert (one["mean"], one["low"], one["high"]) == (0.5, 0.0, 1.0)
+
+
+def test_area_difference_on_a_sample_of_questions():
+    a = {0: {"q1": 0.0, "q2": 0.0}, 2: {"q1": 0.0, "q2": 0.0}}
+    b = {0: {"q1": 0.0, "q2": 0.0}, 2: {"q1": 1.0, "q2": 0.0}}
+    questions, stat = paired.curve_area_difference(a, b)
+    # B's curve: 0 then 0.5 (both questions) or 1 (q1 twice): areas 0.25 and 0.5
+    assert questions == ["q1", "q2"]
+    assert stat(["q1", "q2"]) == pytest.approx(0.25) and stat(["q1", "q1"]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no validation step in common"):
+        paired.curve_area_difference(a, {5: {"q1": 1.0}})

@@ -42,20 +42,6 @@ def read_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-def read_validation(run_dir: Path) -> dict[int, dict[str, float]]:
-    """{step: {question: accuracy}} from a run's per-answer validation records."""
-    from megatron_rlep.paired import question_accuracy
-
-    out = {}
-    for path in sorted((run_dir / "validation").glob("step-*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        out[int(path.stem.split("-")[1])] = question_accuracy(rows)
-    if not out:
-        raise FileNotFoundError(f"{run_dir / 'validation'} holds no step-*.jsonl; --paired needs "
-                                "runs whose trainer wrote per-answer validation records")
-    return out
-
-
 REPLAY = ("train/replay_fraction", "train/replays_per_group", "train/replay_advantage_share",
           "train/acc_replay", "train/replay_age_mean", "pool/answers")
 
@@ -195,9 +181,9 @@ def main(argv=None) -> int:
             return 0
         raw = {n: read_curve(r, args.metric) for n, r in zip(names, args.runs)}
         if args.paired:
-            from megatron_rlep.paired import curves as paired_curves
+            from megatron_rlep.paired import curves as paired_curves, validation_records
 
-            compared = paired_curves(*(read_validation(r) for r in args.runs), args.threshold,
+            compared = paired_curves(*(validation_records(r) for r in args.runs), args.threshold,
                                      seed=args.seed)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
