@@ -384,6 +384,9 @@ def _one_sentence(err: OmegaConfBaseException, schema: type = Config) -> ConfigE
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     if "not in" in text or "not found" in text or "Missing key" in text:
         return _unknown_key(key, schema)
+    if "is not a ListConfig" in text:
+        return ConfigError(f"config key {key} takes a list; write it in brackets, e.g. "
+                           f"{key}=[aime24,amc23] (a bare a,b is a sweep of two runs).")
     return ConfigError(f"config key {key} has a wrong value ({text}); fix it to match the "
                        f"type in megatron_rlep/config.py.")
 
@@ -414,16 +417,43 @@ def load_config(raw: DictConfig | dict, schema: type = Config):
     return cfg
 
 
+def presets(group: str) -> list[str]:
+    """The options of a config group: the YAML files under ``conf/<group>/``."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_preset(group: str, name: str) -> None:
+    """Stop in one sentence when ``conf/<group>/<name>.yaml`` does not exist (Hydra silently
+    skips an optional group, such as ``experiment``, whose option is missing)."""
+    if name not in presets(group):
+        raise ConfigError(f"{group}={name} names no preset in conf/{group}/; the presets are "
+                          f"{', '.join(presets(group))}.")
+
+
+# keys of a schema's own that share a name with a config group: set after Hydra composes
+_OWN_KEYS = {"demo": ("experiment",)}
+
+
 def compose(overrides: list[str] = (), config_name: str = "config"):
     """Compose ``conf/<config_name>.yaml`` with command-line style overrides and check it
-    against its schema (``SCHEMAS``)."""
+    against its schema (``SCHEMAS``). Every group option named (``experiment=...``,
+    ``model=...``) must be a file under ``conf/<group>/``."""
     schema = SCHEMAS[config_name]
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    own, overrides = {}, list(overrides)
+    for override in list(overrides):
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key in _OWN_KEYS.get(config_name, ()):
+            own[key] = value.strip("'\"")
+            overrides.remove(override)
+        if (CONF_DIR / key).is_dir() and value not in ("", "null"):
+            check_preset(key, value.strip("'\""))
     try:
         with initialize_config_dir(str(CONF_DIR), version_base=None):
-            raw = hydra_compose(config_name, overrides=list(overrides))
+            raw = hydra_compose(config_name, overrides=overrides)
     except OmegaConfBaseException as err:
         raise _one_sentence(err, schema) from None
     except HydraException as err:
@@ -436,7 +466,10 @@ def compose(overrides: list[str] = (), config_name: str = "config"):
         first = text.splitlines()[0].strip()
         raise ConfigError(f"config override failed: {first} (check the group option's name "
                           f"under conf/ and the key's spelling).") from None
-    return load_config(raw, schema)
+    cfg = load_config(raw, schema)
+    for key, value in own.items():
+        setattr(cfg, key, value)
+    return cfg
 
 
 # Hydra's own flags that take a value (``--cfg job``), and the values ``--info`` may take

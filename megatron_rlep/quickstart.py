@@ -1,11 +1,15 @@
-"""The built-in model answers a few built-in task questions; each answer is printed with its
-verdict, then the pass rate.
+"""The built-in model answers a few built-in task questions; each question's answers are
+printed with their verdicts as soon as they are sampled, then the pass rate.
 
     python -m megatron_rlep.quickstart [experiment=quickstart] [samples=4] [questions=6]
+
+Without an ``experiment`` the ``quickstart`` preset applies (short answers, the transformers
+engine): the first answers print within seconds of the model loading.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 from megatron_rlep.cli import hydra_entry
@@ -21,22 +25,21 @@ def run(cfg: Config) -> float:
     engine = TransformersEngine(cfg.model.path, batch_size=cfg.rollout.batch_size)
     verifier = Verifier(cfg.verifier.mode)
     start = time.time()
-    groups = engine.generate([encode_prompt(engine.tokenizer, e.prompt) for e in examples],
-                             n=cfg.samples,
-                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                             max_tokens=cfg.rollout.max_response_length, seed=cfg.seed,
-                             progress=True)
     correct = total = 0
-    for example, group in zip(examples, groups):
+    for index, example in enumerate(examples):
         print(f"\n=== {example.id} [{example.data_source}] {problem_of(example.question)}"
-              f"  (ground truth {example.ground_truth})")
+              f"  (ground truth {example.ground_truth})", flush=True)
+        group = engine.generate([encode_prompt(engine.tokenizer, example.prompt)], n=cfg.samples,
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                max_tokens=cfg.rollout.max_response_length,
+                                seed=cfg.seed * 1009 + index)[0]
         for completion in group:
             score = verifier.score(completion.text, example.ground_truth)
             correct += score.correct
             total += 1
             verdict = "CORRECT" if score.correct else "wrong  "
             answer = " ".join(completion.text.split())[-100:]
-            print(f"  {verdict} pred={score.pred!s:<8} | {answer}")
+            print(f"  {verdict} pred={score.pred!s:<8} | {answer}", flush=True)
     rate = correct / max(total, 1)
     print(f"\npass rate: {correct}/{total} = {rate:.1%} "
           f"({cfg.verifier.mode} rule, {time.time() - start:.0f}s generating)")
@@ -51,4 +54,6 @@ def _task_kwargs(cfg: Config, n: int) -> dict:
 
 
 if __name__ == "__main__":
+    if not any(a.lstrip("+").startswith("experiment=") for a in sys.argv[1:]):
+        sys.argv.insert(1, "experiment=quickstart")  # short answers unless asked otherwise
     hydra_entry(run)

@@ -41,7 +41,7 @@ def test_algorithm_groups_differ_as_documented():
     ("algorithm.clip_low=abc", "config key algorithm.clip_low has a wrong value"),
     ("algorithm.clip_low=1.5", "config key algorithm.clip_low=1.5 is out of range"),
     ("verifier.mode=fuzzy", "config key verifier.mode='fuzzy' is not allowed; use one of dapo, math"),
-    ("algorithm=ppo", "Could not find 'algorithm/ppo'"),
+    ("algorithm=ppo", "algorithm=ppo names no preset in conf/algorithm/; the presets are dapo"),
     ("algorithm.prompts_per_update=7", "algorithm.prompts_per_update=7 does not divide"),
     ("parallel.share_prompts=true parallel.pack_sequences=true", "two ways to pack a micro-batch"),
 ])
@@ -155,3 +155,38 @@ def test_hydra_flags_print_the_resolved_config():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "prompts_per_update: 32" in result.stdout and "warmup_from_zero: true" in result.stdout
     assert "${" not in result.stdout  # resolved
+
+
+@pytest.mark.parametrize("config_name, override", [
+    ("config", "experiment=rlep_qwen25_7b"), ("config", "model=qwen3"),
+    ("build_pool", "model=qwen2.5-math-7"), ("evaluate", "rollout=vlm"),
+    ("demo", "experiment=cpu_dem")])
+def test_a_mistyped_preset_stops_listing_the_presets(config_name, override):
+    group, name = override.split("=")
+    with pytest.raises(ConfigError) as info:
+        check_overrides([override], config_name)
+    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    assert str(info.value) == (f"{group}={name} names no preset in conf/{group}/; the presets "
+                               f"are {', '.join(options)}.")
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "megatron_rlep.train", "--cfg", "job", "experiment=rlep_qwen25_7b"],
+    ["tools/memory_plan.py", "experiment=dapo_nodyn_bs46", "--nodes", "8"],
+    ["-m", "megatron_rlep.sweep", "--count", "experiment=cpu_rlep,cpu_rlepp"]])
+def test_entry_points_refuse_a_mistyped_preset_in_one_line(argv):
+    repo = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
+                            cwd=repo)
+    assert result.returncode == 2 and result.stdout == ""
+    line = result.stderr.strip()
+    assert line.startswith("error: experiment=") and "names no preset in conf/experiment/" in line
+    assert "rlep_qwen25_math_7b" in line and "\n" not in line
+
+
+def test_the_demo_takes_its_experiment_key_and_lists_take_brackets():
+    assert compose(["experiment=cpu_rlep", "seed=2"], "demo").experiment == "cpu_rlep"
+    assert compose([], "demo").experiment == "cpu_demo"
+    with pytest.raises(ConfigError, match=r"takes a list; write it in brackets, e\.g\. "
+                                          r"datasets=\[aime24,amc23\]"):
+        compose(["datasets=aime24"], "evaluate")

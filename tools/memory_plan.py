@@ -146,9 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", choices=sorted(ARCHS), help="when model.path has no config.json")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
     args, overrides = parser.parse_known_args(argv)
+    from megatron_rlep.cli import USER_ERRORS, fail
     from megatron_rlep.config import compose
 
-    cfg = compose(overrides)
+    try:
+        cfg = compose(overrides)
+    except USER_ERRORS as err:
+        fail(err)
     p = cfg.parallel
     world = args.nodes * args.gpus_per_node
     if world % (p.tensor_parallel * p.pipeline_parallel):
