@@ -1,7 +1,9 @@
 """Padding and micro-batch size of the actor's grouping on realistic lengths, per strategy.
 
-    python benchmarks/padding_waste.py [--updates 200] [--per-rank 32] [--seed 1] \
-        [--data-dir ../shared/data]
+    python benchmarks/padding_waste.py --data-dir DIR [--updates 200] [--per-rank 32] [--seed 1]
+
+``DIR`` holds ``dapo/*.parquet`` (DAPO-format prompts), ``eval/math500.jsonl`` (the shipped
+``data/eval/math500.jsonl``) and ``train/gsm8k_train.jsonl`` (GSM8K's training answers).
 
 Sequences are a DAPO-format prompt (from dapo/*.parquet, with its chat template) followed by a
 written solution as the answer (MATH-500's solutions and GSM8K's train answers, two
@@ -56,7 +58,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--per-rank", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--data-dir", required=True, help="see above")
     parser.add_argument("--json", help="write the table here too")
     args = parser.parse_args()
     from transformers import AutoTokenizer

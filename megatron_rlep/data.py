@@ -23,6 +23,11 @@ DAPO_TEMPLATE = (
 )
 
 
+# the evaluation sets shipped with the repository (aime24, aime25, amc23, math500; sources and
+# licences in data/eval/README.md): names resolve here when data_dir does not hold them
+EVAL_DIR = Path(__file__).resolve().parent.parent / "data" / "eval"
+
+
 class DataError(ValueError):
     """A data file that cannot be read as asked; the message names the file and the fix."""
 
@@ -159,9 +164,10 @@ def load_hub(name: str, split: str = "test", data_source: str | None = None) -> 
     try:
         rows = datasets.load_dataset(name, split=split)
     except Exception as err:
+        offline = " (the hub is not reachable from here)" if "Connection" in type(err).__name__ else ""
         raise DataError(f"{name}: cannot be loaded with datasets.load_dataset(split={split!r}) "
-                        f"({type(err).__name__}); check the id and split, or pass a local "
-                        f"file.") from None
+                        f"({type(err).__name__}{offline}); check the id and split, or download "
+                        f"it where there is network (tools/get_data.py) and pass the file.") from None
     return examples_from_rows(rows, name, data_source or name.rstrip("/").split("/")[-1])
 
 
@@ -172,15 +178,17 @@ def load_examples(spec: str, split: str = "train", data_dir: str | Path | None =
     """Resolve ``spec`` to examples.
 
     ``spec`` is ``arithmetic`` (the built-in task), a ``.parquet``/``.jsonl`` path, a name found
-    as ``<data_dir>/<spec>.jsonl`` or ``.parquet``, or a Hugging Face dataset id.
+    as ``<data_dir>/<spec>.jsonl`` or ``.parquet`` (then under the shipped ``data/eval/``), or a
+    Hugging Face dataset id. A spec that looks like a path but names no file stops here, so a
+    mistyped path is never sent to the hub.
     """
     if spec == "arithmetic":
         from megatron_rlep import arithmetic
 
         return arithmetic.examples(split=split, **builtin_kwargs)
-    candidates = [Path(spec)]
-    if data_dir is not None:
-        candidates += [Path(data_dir) / f"{spec}.jsonl", Path(data_dir) / f"{spec}.parquet"]
+    dirs = [Path(data_dir)] if data_dir is not None else []
+    candidates = [Path(spec).expanduser()] + [d / f"{spec}{suffix}" for d in dirs + [EVAL_DIR]
+                                              for suffix in (".jsonl", ".parquet")]
     for path in candidates:
         if path.is_file():
             if path.suffix == ".parquet":
@@ -188,8 +196,20 @@ def load_examples(spec: str, split: str = "train", data_dir: str | Path | None =
             if path.suffix in (".jsonl", ".json"):
                 return load_jsonl(path)
             raise DataError(f"{path}: unknown file type '{path.suffix}'; use .parquet or .jsonl.")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not Path(spec).exists():
+    if looks_like_path(spec):
+        raise DataError(f"dataset file {spec} does not exist (looked at {Path(spec).expanduser().resolve()}); "
+                        f"check the path, which is relative to the directory the command runs "
+                        f"in.")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         return load_hub(spec, split=split)
-    where = f" or in data_dir={data_dir}" if data_dir is not None else ""
-    raise DataError(f"dataset {spec!r} was not found as a file{where}; pass a .parquet/.jsonl "
-                    f"path, a name under the data directory, 'arithmetic', or a hub id.")
+    where = ", ".join(str(d) for d in dirs + [EVAL_DIR])
+    raise DataError(f"dataset {spec!r} was not found as a file or as a name under {where}; pass "
+                    f"a .parquet/.jsonl path, a name under data_dir, 'arithmetic', or a hub id.")
+
+
+def looks_like_path(spec: str) -> bool:
+    """A file suffix, a leading ``.``, ``/`` or ``~``, or a first part that is a local
+    directory: meant as a file, not as a hub id."""
+    first = spec.split("/", 1)[0]
+    return (Path(spec).suffix in (".parquet", ".jsonl", ".json") or spec.startswith((".", "/", "~"))
+            or ("/" in spec and Path(first).expanduser().is_dir()))

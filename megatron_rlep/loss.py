@@ -1,4 +1,4 @@
-"""The RLEP/DAPO objective as small pure functions (METHOD.md, "The method in one screen").
+"""The RLEP/DAPO objective as small pure functions (docs/method.md, "The objective").
 
 * ``group_advantages``: A_i = (r_i - mean_g) / (std_g + eps) over each prompt's G' = G + M
   sequences, fresh and replayed alike (``normalize_std=False`` gives Dr. GRPO's r_i - mean_g).

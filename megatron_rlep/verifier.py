@@ -1,6 +1,6 @@
 """Scoring math answers: the DAPO rule, an equivalence-aware mode, and the shaped reward.
 
-``mode="dapo"`` is the rule the paper trained with (METHOD.md, "Reward: the DAPO math rule"):
+``mode="dapo"`` is the rule the paper trained with (docs/method.md, "The reward"):
 look at the last 300 characters, take the last ``Answer: ...`` line, normalise prediction and
 ground truth with the Minerva rules, compare as strings.
 

@@ -1,4 +1,5 @@
-"""The dataset layer: every file in ../shared/data, the formats, and the error messages."""
+"""The dataset layer: the shipped evaluation sets, every file in ../shared/data, the formats,
+and the error messages."""
 
 import json
 from pathlib import Path
@@ -8,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from megatron_rlep import arithmetic
-from megatron_rlep.data import (DAPO_TEMPLATE, DataError, clean_answer, dapo_prompt,
+from megatron_rlep.data import (DAPO_TEMPLATE, EVAL_DIR, DataError, clean_answer, dapo_prompt,
                                 load_examples, load_hub, load_jsonl, load_parquet, problem_of)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -29,6 +30,26 @@ def test_every_eval_file_loads_by_name(name, rows, first_answer):
     assert all(e.ground_truth for e in examples)
     assert examples[0].data_source == name
     assert examples[0].prompt[0]["content"].startswith("Solve the following math problem")
+
+
+@pytest.mark.parametrize("name, rows, first_answer", [
+    ("aime24", 30, "204"), ("aime25", 30, "70"), ("amc23", 40, "27"), ("math500", 500, None)])
+def test_shipped_eval_sets_load_by_name_with_no_data_dir(name, rows, first_answer, tmp_path):
+    examples = load_examples(name, "test")
+    assert len(examples) == rows == len({e.id for e in examples})
+    assert first_answer is None or examples[0].ground_truth == first_answer
+    assert f"`{name}.jsonl`" in (EVAL_DIR / "README.md").read_text()  # source and licence named
+    # a data_dir is searched first: a file of the same name there wins
+    (tmp_path / f"{name}.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    assert len(load_examples(name, "test", data_dir=tmp_path)) == 1
+
+
+@pytest.mark.parametrize("spec", ["data/dapo-math-17k.parquet", "./train.jsonl", "tests/nothing",
+                                  "~/data/x.parquet"])
+def test_a_path_that_names_no_file_is_never_sent_to_the_hub(spec):
+    with pytest.raises(DataError, match=r"^dataset file .* does not exist \(looked at /.*\); "
+                                        r"check the path, which is relative"):
+        load_examples(spec)
 
 
 @needs_shared

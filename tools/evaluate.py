@@ -5,8 +5,8 @@
     torchrun --nproc_per_node N tools/evaluate.py ...      # data-parallel ranks
 
 Dataset names resolve to ``<data_dir>/<name>.jsonl`` or ``.parquet`` (``data_dir`` defaults to
-$RLEP_EVAL_DIR or ../shared/data/eval), to file paths, to hub ids, or to the built-in
-``arithmetic`` test split. Questions are cut into units of ``chunk_size``; unit u is sampled
+$RLEP_EVAL_DIR), then to the sets shipped in ``data/eval/`` (aime24, aime25, amc23, math500),
+to file paths, to hub ids, or to the built-in ``arithmetic`` test split. Questions are cut into units of ``chunk_size``; unit u is sampled
 with seed (seed, u) by rank u mod N, so the samples do not depend on the number of ranks, and
 is written atomically to ``DIR/parts/``; a rerun of the same command after a kill redoes only
 missing units. Rank 0 then writes ``DIR/samples.jsonl`` (one line per sample: data_source, id,
