@@ -1,8 +1,10 @@
 """Tools that run as data-parallel ranks: one process, or N under torchrun / srun.
 
 The work is cut into fixed units (a unit's content and seed never depend on the number of
-ranks); unit u goes to rank u mod N, and a unit whose output file already exists is not
-redone, so a killed job resumes where it stopped. The settings a job started with are pinned
+ranks); unit u goes to engine u mod E, and a unit whose output file already exists is not
+redone, so a killed job resumes where it stopped. An engine is one rank, or with a vLLM engine
+of tensor parallel size T the T consecutive ranks that run it together (``engines``): they
+sample the same units and the first of them writes the outputs. The settings a job started with are pinned
 in a JSON file of its output directory; a rerun with other settings is refused.
 
 Used by tools/build_pool.py and tools/evaluate.py. No model or data logic here.
@@ -54,6 +56,19 @@ def pin_settings(path: Path, wanted: dict, rank: int) -> None:
             "settings to resume, or give a new out=")
 
 
+def engines(rank: int, world: int, tensor_parallel: int) -> tuple[int, int, bool]:
+    """(this rank's engine k, the number of engines, whether this rank writes engine k's
+    outputs): ranks [k * tp, (k + 1) * tp) run engine k."""
+    from megatron_rlep.config import ConfigError
+
+    if world % tensor_parallel:
+        raise ConfigError(f"rollout.tensor_parallel={tensor_parallel} does not divide the "
+                          f"{world} ranks; launch a multiple of it (torchrun --nproc_per_node) "
+                          "or pick a divisor")
+    return rank // tensor_parallel, world // tensor_parallel, rank % tensor_parallel == 0
+
+
 def my_units(n_units: int, rank: int, world: int, done) -> list[int]:
-    """The units this rank still has to do: u mod world == rank and not ``done(u)``."""
+    """The units rank (or engine) ``rank`` of ``world`` still has to do: u mod world == rank
+    and not ``done(u)``."""
     return [u for u in range(n_units) if u % world == rank and not done(u)]

@@ -62,10 +62,12 @@ class ExperiencePool:
         self.rows = rows or {}  # key -> the question's row (prompt, ground truth), for ``write``
 
     @classmethod
-    def load(cls, path: str | Path, verifier=None, drop_rejected: bool = False) -> "ExperiencePool":
+    def load(cls, path: str | Path, verifier=None, drop_rejected: bool = False,
+             partial: bool = False) -> "ExperiencePool":
         """Read and check a pool; with a ``verifier``, count (and optionally drop) the
-        candidates it rejects."""
-        rows = check_rows(read_rows(path), path)
+        candidates it rejects. ``partial``: a pool directory without its manifest (a build
+        that has not finished) is read from the shards there instead of refused."""
+        rows = check_rows(read_rows(path, partial), path)
         rejected = 0
         if verifier is not None:
             rows, rejected, _ = verify_rows(rows, verifier, drop_rejected)
@@ -81,6 +83,10 @@ class ExperiencePool:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def coverage(self, examples: list[Example]) -> float:
+        """The share of ``examples`` (the training questions) that have answers in the pool."""
+        return sum(question_key(e) in self.entries for e in examples) / max(len(examples), 1)
 
     @property
     def candidates(self) -> dict[str, tuple[str, ...]]:
@@ -154,8 +160,9 @@ def row_id(row: dict, position: int) -> str:
     return str(position if index is None else index)
 
 
-def shard_files(directory: Path, verify_checksums: bool = True) -> list[Path]:
-    """The shards a pool directory's manifest lists (or, without one, every shard file)."""
+def shard_files(directory: Path, verify_checksums: bool = True, partial: bool = False) -> list[Path]:
+    """The shards a pool directory's manifest lists; without a manifest (a build that has not
+    finished) every shard file there when ``partial``, else a refusal."""
     manifest = directory / MANIFEST
     if manifest.is_file():
         meta = json.loads(manifest.read_text())
@@ -171,31 +178,42 @@ def shard_files(directory: Path, verify_checksums: bool = True) -> list[Path]:
                 raise DataError(f"experience pool {directory}: shard {file.name} does not match "
                                 "its manifest checksum; it changed after it was written, so "
                                 "rebuild or re-import the pool")
-    else:
+    elif partial:
         files = sorted(directory.glob("shard-*.parquet"))
+    else:
+        shards = len(list(directory.glob("shard-*.parquet")))
+        raise DataError(f"experience pool {directory} has no {MANIFEST} ({shards} shard files): "
+                        "its build has not finished (tools/build_pool.py writes the manifest "
+                        "last); run the same build command again to finish it, or pass "
+                        "algorithm.pool_partial=true (tools/pool.py --partial) to use the "
+                        "shards there")
     if not files:
         raise DataError(f"experience pool {directory} holds no shards; build one with "
                         "tools/build_pool.py")
     return files
 
 
-def pool_files(path: str | Path) -> list[Path]:
+def pool_files(path: str | Path, partial: bool = False) -> list[Path]:
     path = Path(path)
+    if not path.exists():
+        raise DataError(f"experience pool {path} does not exist; give the output directory of "
+                        "tools/build_pool.py or the RLEP release parquet (algorithm.pool)")
     if path.is_dir():
-        return shard_files(path)
+        return shard_files(path, partial=partial)
     if path.is_file() and path.suffix == ".parquet":
         return [path]
     raise DataError(f"experience pool {path} is neither a pool directory nor a .parquet file; "
                     "give the output directory of tools/build_pool.py or the RLEP release parquet")
 
 
-def read_rows(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path, partial: bool = False) -> list[dict]:
     """The rows of a pool directory or an RLEP release parquet, in the shard row format
-    (``row_schema``; per-question statistics are None where the release has none)."""
+    (``row_schema``; per-question statistics are None where the release has none).
+    ``partial``: see ``shard_files``."""
     import pyarrow.parquet as pq
 
     rows = []
-    for file in pool_files(path):
+    for file in pool_files(path, partial):
         try:
             table = pq.read_table(file)
         except Exception as err:

@@ -122,6 +122,19 @@ def test_vllm_pool_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(tiny_mo
     assert shards(one)["shard-00001.json"]["samples"] == 4 * 3
 
 
+@pytest.mark.e2e
+def test_a_tp2_vllm_engine_over_two_ranks_builds_every_shard_once(tiny_model, tmp_path):
+    out = tmp_path / "tp2"
+    result = subprocess.run(cmd := command(out, *TINY, "rollout.tensor_parallel=2", model=tiny_model,
+                                           engine="vllm", nproc=2),
+                            capture_output=True, text=True, timeout=900, env=env(cmd))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "1 engine(s) of tensor parallel size 2 over 2 rank(s)" in result.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) == 5 and manifest["counts"]["questions_seen"] == 20
+    assert manifest["counts"]["samples"] == 20 * 3  # each shard sampled by one engine, once
+
+
 def test_other_settings_into_the_same_directory_are_refused(tiny_model, straight, tmp_path):
     shutil.copytree(straight, tmp_path / "pool")
     result = subprocess.run(command(tmp_path / "pool", *TINY, "temperature=1.0", model=tiny_model),

@@ -111,6 +111,31 @@ def test_vllm_evaluation_on_one_rank_equals_a_resume_on_two_with_one_rank_idle(t
     assert len(rows) == 4 * 3 and len({r["response"] for r in rows}) > 1
 
 
+@pytest.mark.e2e
+def test_a_tp2_vllm_engine_over_two_ranks_samples_every_unit_once(tmp_path, tiny_model):
+    args = ["datasets=[arithmetic]", "levels=[1,2]", "limit=4", "samples=2", "max_tokens=8",
+            "temperature=1.0", "chunk_size=2", "rollout.tensor_parallel=2",
+            f"model.path={tiny_model}"]  # 2 heads: TP 2 divides them (the built-in has 9)
+    out = tmp_path / "tp2"
+    result = run(command(out, *args, engine="vllm", nproc=2))
+    assert "1 engine(s) of tensor parallel size 2 over 2 rank(s)" in result.stdout
+    rows = read(out / "samples.jsonl")
+    assert len(list((out / "parts").glob("unit-*.jsonl"))) == 2
+    assert len(rows) == 4 * 2  # written once, by the engine's first rank
+    assert len({(r["data_source"], r["id"], r["sample_index"]) for r in rows}) == 8
+
+
+def test_engines_of_tp_ranks_share_the_units():
+    from megatron_rlep import jobs
+    from megatron_rlep.config import ConfigError
+
+    assert [jobs.engines(rank, 4, 2) for rank in range(4)] == [(0, 2, True), (0, 2, False),
+                                                               (1, 2, True), (1, 2, False)]
+    assert jobs.engines(2, 3, 1) == (2, 3, True)
+    with pytest.raises(ConfigError, match="rollout.tensor_parallel=2 does not divide the 3 ranks"):
+        jobs.engines(0, 3, 2)
+
+
 def test_errors_are_one_sentence(tmp_path):
     out = tmp_path / "eval"
     result = run(command(out, "datasets=[no_such_set]", f"data_dir={tmp_path}"), expect=2)

@@ -160,3 +160,38 @@ def test_rejected_candidates_are_counted_and_optionally_dropped(tmp_path, releas
     assert kept.rejected == 2 and sum(len(v) for v in kept.candidates.values()) == 21 + 2
     dropped = ExperiencePool.load(dirty, verifier, drop_rejected=True)
     assert dropped.rejected == 2 and sum(len(v) for v in dropped.candidates.values()) == 21
+
+
+def test_an_unfinished_pool_is_refused_unless_asked_for(tmp_path, release):
+    pool_tool("import-release", release, "-o", tmp_path / "pool", "--shard-size", 4)
+    (tmp_path / "pool" / "manifest.json").unlink()  # as a build killed before its end leaves it
+    with pytest.raises(DataError, match=r"has no manifest.json \(3 shard files\): its build has "
+                                        r"not finished .* algorithm.pool_partial=true"):
+        ExperiencePool.load(tmp_path / "pool")
+    assert len(ExperiencePool.load(tmp_path / "pool", partial=True)) == 9
+    refused = pool_tool("stats", tmp_path / "pool", expect=2)
+    assert refused.stderr.startswith("error: experience pool") and "--partial" in refused.stderr
+    assert "9 questions" in pool_tool("--partial", "stats", tmp_path / "pool").stdout
+    gone = pool_tool("stats", tmp_path / "nowhere", expect=2)
+    assert gone.stderr.startswith(f"error: experience pool {tmp_path / 'nowhere'} does not exist;")
+
+
+def test_the_trainer_says_the_pools_coverage_and_stops_below_the_minimum(tmp_path, release, capsys):
+    from megatron_rlep import arithmetic
+    from megatron_rlep.config import RunError, compose
+    from megatron_rlep.train import Trainer
+
+    def load(train_levels, *extra):
+        trainer = Trainer.__new__(Trainer)  # the pool check alone: no actor, no engine
+        trainer.cfg = compose([f"algorithm.pool={release}", *extra])
+        trainer.train_set = arithmetic.examples("train", train_levels, 12, 3)
+        trainer.verifier = Verifier("dapo")
+        return trainer._load_pool()
+
+    assert len(load([1, 2])) == 9  # the release was built from these 12 questions
+    assert "it covers 75.0% of the 12 training questions" in capsys.readouterr().out
+    with pytest.raises(RunError, match=r"covers 0.0% of the training questions, below "
+                                       r"algorithm.pool_min_coverage=0.1; questions match by "
+                                       r"their prompt text"):
+        load([5, 6])  # other questions: RLEP would silently be DAPO
+    assert len(load([5, 6], "algorithm.pool_min_coverage=0")) == 9

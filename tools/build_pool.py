@@ -31,7 +31,7 @@ from megatron_rlep.config import BuildPoolConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import file_sha256, write_json_atomic  # noqa: E402
 from megatron_rlep.pool import MANIFEST, SCHEMA_VERSION, pool_row, write_parquet_atomic  # noqa: E402
-from megatron_rlep.rollout import encode_prompt, make_engine  # noqa: E402
+from megatron_rlep.rollout import encode_prompt, engine_kind, make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
 
@@ -105,9 +105,13 @@ def sample(engine, examples: list[Example], k: int, cfg: BuildPoolConfig):
 
 
 def build_shard(engine, examples: list[Example], k: int, out: Path, verifier: Verifier,
-                cfg: BuildPoolConfig) -> dict:
-    """Sample, verify and write shard k (parquet, then its sidecar); returns its counts."""
-    return write_shard(examples, sample(engine, examples, k, cfg), k, out, verifier, cfg)
+                cfg: BuildPoolConfig, writes: bool = True) -> dict:
+    """Sample, verify and write shard k (parquet, then its sidecar); returns its counts. The
+    other TP ranks of an engine (``writes`` false) sample with it and write nothing."""
+    completions = sample(engine, examples, k, cfg)
+    if not writes:
+        return shard_rows(examples, completions, verifier, cfg)[1]
+    return write_shard(examples, completions, k, out, verifier, cfg)
 
 
 def write_shard(examples: list[Example], completions, k: int, out: Path, verifier: Verifier,
@@ -144,20 +148,24 @@ def build(cfg: BuildPoolConfig) -> None:
     wanted = settings(cfg, model_path, examples)
     jobs.pin_settings(out / "build.json", wanted, rank)
     shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]
-    todo = jobs.my_units(len(shards), rank, world, lambda k: shard_done(out, k))
+    tp = cfg.rollout.tensor_parallel if engine_kind(cfg.rollout.engine) == "vllm" else 1
+    share, shares, writes = jobs.engines(rank, world, tp)
+    todo = jobs.my_units(len(shards), share, shares, lambda k: shard_done(out, k))
 
     verifier = Verifier(cfg.verifier.mode)
-    # one engine per rank (TP 1), built on every rank: a vLLM engine's start-up is collective
-    # under torchrun, so a rank without shards to do still takes part
+    # built on every rank: a vLLM engine's start-up is collective under torchrun, so a rank
+    # without shards to do still takes part
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype), cfg.seed,
                          cfg.data.max_prompt_length + cfg.rollout.max_response_length,
-                         tensor_parallel=1)
+                         tensor_parallel=tp)
+    if rank == 0:
+        print(f"{shares} engine(s) of tensor parallel size {tp} over {world} rank(s)", flush=True)
     bar = tqdm(total=sum(len(shards[k]) for k in todo), unit="question", desc=f"pool rank {rank}",
                disable=not cfg.progress, dynamic_ncols=True)
     seen = correct = samples = 0
     start = time.perf_counter()
     for k in todo:
-        stats = build_shard(engine, shards[k], k, out, verifier, cfg)
+        stats = build_shard(engine, shards[k], k, out, verifier, cfg, writes)
         seen += len(shards[k])
         correct += stats["correct"]
         samples += stats["samples"]

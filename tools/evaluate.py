@@ -30,7 +30,7 @@ from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
 from megatron_rlep.config import ConfigError, EvaluateConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import write_json_atomic, write_text_atomic  # noqa: E402
-from megatron_rlep.rollout import encode_prompt, make_engine  # noqa: E402
+from megatron_rlep.rollout import encode_prompt, engine_kind, make_engine  # noqa: E402
 from megatron_rlep.verifier import Verifier  # noqa: E402
 
 ARITHMETIC_QUESTIONS = 64  # the built-in task's test questions when no limit is given
@@ -132,11 +132,15 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     def part(u):
         return parts / f"unit-{u:05d}.jsonl"
 
-    todo = jobs.my_units(len(units), rank, world, lambda u: part(u).is_file())
+    tp = cfg.rollout.tensor_parallel if engine_kind(cfg.rollout.engine) == "vllm" else 1
+    share, shares, writes = jobs.engines(rank, world, tp)
+    todo = jobs.my_units(len(units), share, shares, lambda u: part(u).is_file())
     verifier = Verifier(cfg.verifier.mode)
     # built on every rank: a vLLM engine's start-up is collective under torchrun
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
-                         cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=1)
+                         cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=tp)
+    if rank == 0:
+        print(f"{shares} engine(s) of tensor parallel size {tp} over {world} rank(s)", flush=True)
     bar = tqdm(total=sum(len(datasets[s][i:i + cfg.chunk_size]) for s, i in (units[u] for u in todo)),
                unit="question", desc=f"eval rank {rank}", disable=not cfg.progress,
                dynamic_ncols=True)
@@ -150,7 +154,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
                                       temperature=cfg.temperature, top_p=cfg.top_p,
                                       max_tokens=max_tokens, seed=cfg.seed * 1000003 + u)
         rows = sample_rows(items, completions, verifier)
-        write_jsonl_atomic(rows, part(u))
+        if writes:  # the engine's other TP ranks sampled the same rows
+            write_jsonl_atomic(rows, part(u))
         samples += len(rows)
         correct += sum(r["correct"] for r in rows)
         bar.set_postfix({"samples/s": f"{samples / (time.perf_counter() - start):.1f}",

@@ -8,7 +8,9 @@
     python tools/pool.py export-release POOL -o FILE.parquet
 
 Outputs are written all or nothing and never over an existing path. Pools are checked on
-load (megatron_rlep/pool.py); a problem ends in one sentence on stderr with exit status 2.
+load (megatron_rlep/pool.py); a problem ends in one sentence on stderr with exit status 2. A
+pool directory without its manifest (a build that has not finished) is refused unless
+``--partial`` comes before the command (``tools/pool.py --partial stats DIR``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def plot_stats(rows: list[dict], path: Path, title: str) -> None:
 
 
 def cmd_stats(args) -> None:
-    rows = read_rows(args.pool)
+    rows = read_rows(args.pool, args.partial)
     stats = pool_stats(rows)
     if args.verify:
         stats["rejected_candidates"] = verify(rows, args.verify, drop=False)[1]
@@ -92,7 +94,7 @@ def cmd_stats(args) -> None:
 
 
 def cmd_show(args) -> None:
-    rows = read_rows(args.pool)
+    rows = read_rows(args.pool, args.partial)
     found = [r for i, r in enumerate(rows) if row_id(r, i) == args.id]
     if not found:
         some = ", ".join(row_id(r, i) for i, r in enumerate(rows[:5]))
@@ -187,14 +189,14 @@ def filter_rows(rows: list[dict], min_correct: int, max_tokens: int | None, sour
 
 
 def cmd_merge(args) -> None:
-    pools = [(str(p), check_rows(read_rows(p), p)) for p in args.pools]
+    pools = [(str(p), check_rows(read_rows(p, args.partial), p)) for p in args.pools]
     rows = merge_rows(pools)
     write_pool(rows, args.output, {"merged": [str(p) for p in args.pools]}, args.shard_size)
     print(f"{args.output}: {len(rows)} questions from {len(pools)} pools")
 
 
 def cmd_filter(args) -> None:
-    rows = read_rows(args.pool)
+    rows = read_rows(args.pool, args.partial)
     if args.tokenizer:
         rows = measure(rows, args.tokenizer)
     before = (len(rows), sum(len(candidates(r)) for r in rows))
@@ -209,7 +211,7 @@ def cmd_filter(args) -> None:
 
 
 def cmd_import(args) -> None:
-    rows = check_rows(read_rows(args.release), args.release)
+    rows = check_rows(read_rows(args.release, args.partial), args.release)
     if args.tokenizer:
         rows = measure(rows, args.tokenizer)
     write_pool(rows, args.output, {"release": str(args.release),
@@ -225,7 +227,7 @@ def cmd_export(args) -> None:
         raise DataError(f"{args.output} already exists; give a new -o or remove it first")
     rows = [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": r["ability"],
              "reward_model": r["reward_model"], "extra_info": json.loads(r["extra_info_json"])}
-            for r in check_rows(read_rows(args.pool), args.pool)]
+            for r in check_rows(read_rows(args.pool, args.partial), args.pool)]
     tmp = temporary_beside(args.output)
     pq.write_table(pa.Table.from_pylist(rows), tmp)
     os.replace(tmp, args.output)
@@ -234,6 +236,8 @@ def cmd_export(args) -> None:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--partial", action="store_true",
+                        help="read a pool directory whose build has not finished (no manifest)")
     sub = parser.add_subparsers(dest="command", required=True)
     stats = sub.add_parser("stats", help="counts, pass rates and lengths of a pool")
     stats.add_argument("pool", type=Path)

@@ -69,6 +69,8 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
     ``tensor_parallel`` overrides the engine's TP size."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
+        from transformers import AutoConfig
+
         from megatron_rlep.config import RunError
         from megatron_rlep.rollout.vllm_engine import VllmEngine
 
@@ -77,6 +79,13 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
                            "it (the gpu extra on CUDA nodes) or use rollout.engine=auto")
 
         tp = rollout.tensor_parallel if tensor_parallel is None else tensor_parallel
+        config = AutoConfig.from_pretrained(model_path)
+        heads = getattr(config, "num_attention_heads", tp)
+        # vLLM refuses a length above the model's positions: the sequences fit them anyway
+        max_model_len = min(max_model_len, getattr(config, "max_position_embeddings", max_model_len))
+        if heads % tp:
+            raise RunError(f"rollout.tensor_parallel={tp} does not divide the model's {heads} "
+                           "attention heads; pick a divisor of them")
         return VllmEngine(model_path, tp, rollout.gpu_memory_utilization, max_model_len,
                           "bfloat16" if dtype == torch.bfloat16 else "float32", seed,
                           rollout.cpu_kv_cache_gib)
