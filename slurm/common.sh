@@ -5,8 +5,11 @@
 #   MEGATRON_RLEP_REPO  repository to run from (default: the directory sbatch was called in)
 #   MEGATRON_RLEP_VENV  virtual environment to activate (default: $REPO/.venv when present)
 #   NPROC_PER_NODE      ranks per node (default: the GPUs Slurm gave the node, else 1)
-#   RUN_DIR             output directory (default: runs/<job name>-<job id>[-<array index>];
-#                       when given for an array job, RUN_DIR/<array index>)
+#   RUNS_ROOT           where run directories go by default (default: runs, in the repository)
+#   RUN_DIR             output directory (default: RUNS_ROOT/<job name>, RUNS_ROOT/<job name>/<index>
+#                       for an array task; when given for an array job, RUN_DIR/<index>): a job
+#                       resubmitted under the same name resumes there; a directory that a job
+#                       still queued or running holds is refused
 #   SOCKET_IFNAME       network interface for NCCL's and gloo's bootstrap sockets (sets
 #                       NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unless those are set)
 #   PREFLIGHT=0         skip the preflight (scripts/check_env.py --preflight on every node)
@@ -31,14 +34,16 @@ if [ -n "${SOCKET_IFNAME:-}" ]; then
     export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$SOCKET_IFNAME}
 fi
 NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
+[ "$NPROC_PER_NODE" -gt 0 ] 2>/dev/null || NPROC_PER_NODE=1  # --gpus-per-node=0: one CPU rank
 CPUS_PER_NODE=${SLURM_CPUS_ON_NODE:-1}  # the whole allocation goes to the node's one torchrun
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CPUS_PER_NODE / NPROC_PER_NODE > 0 ? CPUS_PER_NODE / NPROC_PER_NODE : 1 ))}
 JOB_TAG=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}
-if [ -n "${RUN_DIR:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+JOB_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID}  # as squeue knows it
+JOB_ID=${JOB_ID:-$SLURM_JOB_ID}
+RUN_DIR=${RUN_DIR:-${RUNS_ROOT:-runs}/$SLURM_JOB_NAME}
+if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
     RUN_DIR=$RUN_DIR/$SLURM_ARRAY_TASK_ID  # one run directory per array task
 fi
-RUN_DIR=${RUN_DIR:-runs/$SLURM_JOB_NAME-$JOB_TAG}
-export WANDB_RUN_GROUP=${WANDB_RUN_GROUP:-$SLURM_JOB_NAME}
 echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NUM_NODES node(s) x" \
      "$NPROC_PER_NODE rank(s), rendezvous $MASTER_ADDR:$MASTER_PORT, run_dir $RUN_DIR"
 
@@ -61,13 +66,29 @@ on_usr1() {
 trap on_usr1 USR1
 trap 'echo "received SIGTERM: the ranks checkpoint and stop"' TERM
 
+# claim_run_dir: RUN_DIR/.slurm-job names the job using it; a job still queued or running there
+# (another one submitted under the same name) stops this one. A requeued job keeps its id.
+claim_run_dir() {
+    local owner=$RUN_DIR/.slurm-job other
+    mkdir -p "$RUN_DIR"
+    other=$(cat "$owner" 2>/dev/null || true)
+    if [ -n "$other" ] && [ "$other" != "$JOB_ID" ] && \
+            [ -n "$(squeue -h -j "$other" -o %i 2>/dev/null)" ]; then
+        echo "error: $RUN_DIR is in use by job $other, which is still queued or running; give" \
+             "this job another name (sbatch --job-name) or RUN_DIR, or cancel job $other" >&2
+        exit 2
+    fi
+    echo "$JOB_ID" > "$owner"
+}
+
 # launch ARGS...: a preflight on every node, then one torchrun per node through srun (all the
 # node's CPUs for it); torchrun starts NPROC_PER_NODE ranks.
 launch() {
+    claim_run_dir
     rm -f "$STOP_FILE"  # left by a job that died before its ranks saw it
     if [ "${PREFLIGHT:-1}" != 0 ]; then
         srun --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_NODE" \
-            python scripts/check_env.py --preflight --nproc "$NPROC_PER_NODE"
+            python scripts/check_env.py --preflight --nproc "$NPROC_PER_NODE" -- "$@"
     fi
     srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_NODE" \
         torchrun --nnodes "$SLURM_JOB_NUM_NODES" --nproc_per_node "$NPROC_PER_NODE" \

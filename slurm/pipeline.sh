@@ -5,8 +5,9 @@
 #   slurm/pipeline.sh cpu      # one node, CPU, the built-in model and task (about an hour)
 #   slurm/pipeline.sh paper    # the paper: 8 nodes x 8 GPUs, Qwen2.5-Math-7B on DAPO-Math-17k
 #
-# paper needs QWEN_MATH_7B (Hugging Face checkpoint directory), DAPO_MATH_17K (the dataset's
-# parquet) and RLEP_EVAL_DIR (a directory holding aime24.jsonl, aime25.jsonl, amc23.jsonl). Outputs go
+# paper needs QWEN_MATH_7B (Hugging Face checkpoint directory) and DAPO_MATH_17K (the dataset's
+# parquet): tools/get_data.py fetches both. The evaluation sets ship in data/eval/ (RLEP_EVAL_DIR,
+# if set, is searched first). Outputs go
 # to $OUT (default runs/pipeline-<profile>): baseline/, pool/, rlep/, eval-baseline/, eval-rlep/.
 # Extra sbatch options (account, partition, time) come from $SBATCH_ARGS.
 set -euo pipefail
@@ -17,7 +18,7 @@ read -r -a EXTRA <<< "${SBATCH_ARGS:-}"
 
 case $PROFILE in
 cpu)
-    NODES=(--nodes 1 --cpus-per-task "$(nproc)")
+    NODES=(--nodes 1 --gpus-per-node=0 --cpus-per-task "$(nproc)")
     export NPROC_PER_NODE=1
     BASELINE=(experiment=cpu_baseline)
     POOL=(data.levels=[1,2] data.train_size=192 samples=16 temperature=0.7 top_p=0.95
@@ -26,14 +27,14 @@ cpu)
     EVAL=(datasets=[arithmetic] levels=[1,2] limit=64 samples=8 max_tokens=32 rollout=transformers)
     ;;
 paper)
-    : "${QWEN_MATH_7B:?set QWEN_MATH_7B}" "${DAPO_MATH_17K:?set DAPO_MATH_17K}" "${RLEP_EVAL_DIR:?set RLEP_EVAL_DIR}"
+    : "${QWEN_MATH_7B:?set QWEN_MATH_7B}" "${DAPO_MATH_17K:?set DAPO_MATH_17K}"
     NODES=(--nodes 8 --gpus-per-node 8 --ntasks-per-node 1 --exclusive)
     export NPROC_PER_NODE=8
     BASELINE=(experiment=dapo_nodyn_bs64)
     POOL=(data=dapo-math-17k samples=64 temperature=0.7 top_p=0.95 min_correct=2
           rollout=vllm rollout.max_response_length=3072)
     RLEP=(experiment=rlep_qwen25_math_7b)
-    EVAL=(datasets=[aime24,aime25,amc23] data_dir="$RLEP_EVAL_DIR" samples=32 temperature=1.0
+    EVAL=(datasets=[aime24,aime25,amc23] samples=32 temperature=1.0
           top_p=1.0 max_tokens=3072 rollout=vllm)
     ;;
 *)

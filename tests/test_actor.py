@@ -88,6 +88,43 @@ def test_checkpoints_load_on_another_layout(runs, families):
         assert f"OK load {runs / name} " in families[1]
 
 
+@pytest.mark.parametrize("kind, layout, which", [("llama", "tp2", "best"), ("qwen2", "pp2", "step")])
+def test_export_tool_writes_any_saved_step_as_the_actors_own_export(families, kind, layout, which,
+                                                                     tmp_path):
+    """tools/export_hf.py on one process, from a checkpoint saved at TP 2 or PP 2 (a weights-only
+    best, or a full step with optimizer state): the tensors the actor itself exported."""
+    from safetensors.torch import load_file
+
+    saved = families[0] / kind / layout
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"model": {"path": str(families[0] / kind /
+                                                                           "model")}}))
+    (run_dir / "checkpoints" / "best").symlink_to(saved / "best")
+    (run_dir / "checkpoints" / "step-000001").symlink_to(saved / "ckpt")
+    tool = Path(__file__).resolve().parent.parent / "tools" / "export_hf.py"
+    argv = [sys.executable, str(tool), str(run_dir), *(["--best"] if which == "best" else
+                                                        ["--step", "1"])]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env(argv))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = run_dir / ("hf-best" if which == "best" else "hf-step-000001")
+    assert f"exported step 1 of {run_dir}" in result.stdout and str(out) in result.stdout
+    exported = {}
+    for f in out.glob("*.safetensors"):
+        exported.update(load_file(f))
+    reference = {}
+    for f in (saved / "hf").glob("*.safetensors"):
+        reference.update(load_file(f))
+    assert exported.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(exported[name], tensor), name
+    assert (out / "config.json").is_file() and not (run_dir / f"{out.name}.partial").exists()
+    missing = subprocess.run([*argv[:3], "--step", "7"], capture_output=True, text=True,
+                             timeout=300, env=env(argv))
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        f"error: {run_dir} has no checkpoint of step 7; the saved steps are 1 and --best")
+
+
 SMOLLM2 = """
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer

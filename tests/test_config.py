@@ -190,3 +190,14 @@ def test_the_demo_takes_its_experiment_key_and_lists_take_brackets():
     with pytest.raises(ConfigError, match=r"takes a list; write it in brackets, e\.g\. "
                                           r"datasets=\[aime24,amc23\]"):
         compose(["datasets=aime24"], "evaluate")
+
+
+def test_a_gpu_model_on_a_machine_without_one_stops_at_once():
+    result = subprocess.run([sys.executable, "-m", "megatron_rlep.train",
+                             "experiment=dapo_nodyn_bs64"], capture_output=True, text=True,
+                            timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: the model /checkpoints/Qwen2.5-Math-7B needs a GPU (model.needs_gpu=true) but "
+        "torch sees none here; run it on GPU nodes (sbatch --gpus-per-node=8 ...), or set "
+        "model.needs_gpu=false to run it on the CPU anyway")

@@ -56,3 +56,30 @@ def test_paper_presets_fit_an_80_gib_gpu(preset):
     unplanned = plan("parallel.max_tokens_per_micro_batch=0", "parallel.logprob_chunk_tokens=0",
                      "parallel.micro_batch_size=8")
     assert unplanned.returncode == 1 and "DOES NOT FIT" in unplanned.stdout, unplanned.stdout
+
+
+def test_checkpoint_disk_plan_by_hand():
+    from megatron_rlep.actor.checkpoint import disk_plan
+
+    # 1000 parameters in bf16: weights 2000 B, a full checkpoint adds Adam's fp32 master copy
+    # and two moments (12000 B); 400 steps saved every 20: 20 saves, the newest 2 kept and a
+    # third while it is written, plus the best step's weights and the final export
+    plan = disk_plan(1000, True, 400, 20, 2, True)
+    assert (plan["checkpoint"], plan["best"], plan["hf"], plan["saves"], plan["held"]) == \
+        (14000, 2000, 2000, 20, 3)
+    assert plan["run"] == 3 * 14000 + 2000 + 2000
+    assert disk_plan(1000, True, 400, 20, 0, True)["run"] == 20 * 14000 + 4000  # keep them all
+    fp32 = disk_plan(1000, False, 10, 3, 1, False)  # 4 saves (3, 6, 9 and the last step)
+    assert (fp32["checkpoint"], fp32["saves"], fp32["held"], fp32["run"]) == (12000, 4, 2, 28000)
+
+
+def test_paper_preset_keeps_its_disk_bounded():
+    from megatron_rlep.actor.checkpoint import disk_plan
+    from megatron_rlep.config import compose
+
+    log = compose(["experiment=rlep_qwen25_math_7b"]).logging
+    plan = disk_plan(memory_plan.Arch(*memory_plan.ARCHS["qwen2.5-7b"]).params(), True, 400,
+                     log.save_every,
+                     log.keep_checkpoints, log.keep_best)
+    assert log.keep_checkpoints == 2 and 95 < plan["checkpoint"] / 2**30 < 105
+    assert plan["run"] / 2**30 < 350  # keeping all 20 would hold about 2 TB

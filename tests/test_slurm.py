@@ -23,13 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if WHY_NOT is not None:
-        pytest.fail(f"CI must run the Slurm tests, but {WHY_NOT}")
-    root = tmp_path_factory.mktemp("slurm")
-    os.chmod(root, 0o700)
-    c = slurm_cluster.Cluster(root).start()
-    yield c
-    c.stop()
+    yield from slurm_cluster.for_tests(tmp_path_factory, WHY_NOT)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +49,8 @@ def submit(cluster, script, run_dir, args, nproc=1, sbatch=(), cpus=None, env=()
     array = any(a.startswith("--array") for a in sbatch)
     out = run_dir.parent / f"{run_dir.name}-{'%A_%a' if array else '%j'}.out"
     job = cluster.run("sbatch", "--parsable", f"--export={exports}", f"--chdir={REPO}",
-                      f"--output={out}", f"--cpus-per-task={cpus or cluster.cpus}", *sbatch,
+                      f"--output={out}", f"--cpus-per-task={cpus or cluster.cpus}",
+                      "--gpus-per-node=0", *sbatch,
                       str(REPO / "slurm" / script), *args)
     job = job.split(";")[0]
     return job, Path(str(out).replace("%j", job).replace("%A", job))
@@ -69,10 +64,22 @@ def steps_logged(run_dir):
 
 
 def test_training_job_on_two_ranks_writes_checkpoint_and_metrics(cluster, assets, tmp_path):
-    run_dir = tmp_path / "run"
-    job, log = submit(cluster, "train.sbatch", run_dir,
-                      overrides(assets, 2, "logging.eval_every=2", "logging.save_every=1"), nproc=2,
-                      preflight=True)
+    """The default run directory is RUNS_ROOT/<job name>: a second job of that name is refused
+    while the first runs, and one submitted after it ends resumes its run."""
+    import time
+
+    run_dir, env = tmp_path / "rlep-named", {"RUNS_ROOT": str(tmp_path), "RUN_DIR": ""}
+    named = ("--job-name=rlep-named", "--oversubscribe")
+    job, log = submit(cluster, "train.sbatch", run_dir, overrides(assets, 2, "logging.eval_every=2",
+                                                                  "logging.save_every=1"),
+                      nproc=2, preflight=True, sbatch=named, cpus=1, env=env)
+    while cluster.job_state(job) == "PENDING" or not (run_dir / ".slurm-job").is_file():
+        time.sleep(0.3)
+    twin, twin_log = submit(cluster, "train.sbatch", tmp_path / "twin", overrides(assets, 2),
+                            sbatch=named, cpus=1, env=env)
+    assert cluster.wait(twin) == "FAILED"
+    assert f"error: {run_dir} is in use by job {job}, which is still queued or running" in \
+        twin_log.read_text()
     state = cluster.wait(job)
     text = log.read_text()
     assert state == "COMPLETED", text[-4000:]
@@ -81,7 +88,32 @@ def test_training_job_on_two_ranks_writes_checkpoint_and_metrics(cluster, assets
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
     assert steps_logged(run_dir) == [0, 1, 2]
     assert (run_dir / "hf" / "config.json").is_file()
-    assert list((run_dir / "wandb").glob("offline-run-*"))
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    # resubmitted under the same name, a longer run resumes where the first ended
+    again, again_log = submit(cluster, "train.sbatch", run_dir, overrides(assets, 3), sbatch=named,
+                              env=env)
+    assert cluster.wait(again) == "COMPLETED", again_log.read_text()[-3000:]
+    assert "at step 2" in again_log.read_text() and steps_logged(run_dir) == [0, 1, 2, 3]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))  # one wandb run, resumed: one id
+    assert len(runs) == 2 and len({p.name.rsplit("-", 1)[1] for p in runs}) == 1
+
+
+def test_a_gpu_preset_asks_for_gpus_and_stops_on_a_node_without_them(cluster, tmp_path):
+    # the scripts ask for 8 GPUs a node: this cluster has none, so sbatch refuses at once
+    import subprocess
+
+    refused = subprocess.run(["sbatch", "--parsable", str(REPO / "slurm" / "train.sbatch"),
+                              "experiment=dapo_nodyn_bs64"], env=cluster.env(),
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "Invalid generic resource" in refused.stderr
+    # with --gpus-per-node=0 it runs, and the preflight stops the 7B preset on this CPU node
+    job, log = submit(cluster, "train.sbatch", tmp_path / "run", ["experiment=dapo_nodyn_bs64"],
+                      nproc=8, preflight=True)
+    assert cluster.wait(job) == "FAILED"
+    text = log.read_text()
+    assert "PROBLEM: the model /checkpoints/Qwen2.5-Math-7B needs a GPU (model.needs_gpu=true) " \
+           "but torch sees none here" in text
+    assert "Megatron-Core" not in text  # stopped before any rank started
 
 
 def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluster, assets,
@@ -126,7 +158,8 @@ def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluste
 def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):
     base = tmp_path / "sweep"
     job, log = submit(cluster, "sweep.sbatch", base,
-                      overrides(assets, 1, "logging.eval_every=0") + ["seed=1,2"],
+                      overrides(assets, 1, "logging.eval_every=0",
+                                "algorithm.pool_min_coverage=0") + ["seed=1,2"],
                       sbatch=("--array=0-1", "--oversubscribe"), cpus=1)  # the two tasks at once
     for index, seed in ((0, 1), (1, 2)):
         task_log = Path(str(log).replace("%a", str(index)))

@@ -1,7 +1,7 @@
 """Per-GPU memory of a training preset on a given cluster layout, term by term, with formulas.
 
     python tools/memory_plan.py experiment=dapo_nodyn_bs64 [--nodes 8] [--gpus-per-node 8] \
-        [--gpu-gib 80] [--arch qwen2.5-7b] [--markdown] [key=value ...]
+        [--gpu-gib 80] [--arch qwen2.5-7b] [--markdown] [--step-seconds 160] [key=value ...]
 
 The model's shape comes from ``model.path``'s config.json when that exists, else from --arch
 (a few known architectures). Terms, in bytes per GPU (P = parameters of this GPU's shard, tp/pp/dp
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-gib", type=float, default=80.0)
     parser.add_argument("--arch", choices=sorted(ARCHS), help="when model.path has no config.json")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
+    parser.add_argument("--step-seconds", type=float, default=160.0,
+                        help="seconds a training step takes, for the cost line (the paper: "
+                             "about 160 s on 8 x 8 H100 for Qwen2.5-Math-7B)")
     args, overrides = parser.parse_known_args(argv)
     from megatron_rlep.cli import USER_ERRORS, fail
     from megatron_rlep.config import compose
@@ -190,6 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     if vllm and result["kv_tokens"] < longest:
         print("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence in its share; "
               "raise rollout.tensor_parallel or rollout.gpu_memory_utilization")
+    from megatron_rlep.actor.checkpoint import disk_plan, human
+
+    log = cfg.logging
+    disk = disk_plan(arch.params(), True, cfg.algorithm.total_steps, log.save_every,
+                     log.keep_checkpoints, log.keep_best)
+    print(f"disk: {human(disk['checkpoint'])} a checkpoint (bf16 weights, fp32 master copy and "
+          f"Adam moments), {disk['saves']} saves, {disk['held']} on disk at once "
+          f"(logging.keep_checkpoints={log.keep_checkpoints}); the run holds at most "
+          f"{human(disk['run'])} with the best step's weights and the final export")
+    hours = cfg.algorithm.total_steps * args.step_seconds / 3600
+    print(f"cost: {cfg.algorithm.total_steps} steps x {args.step_seconds:g} s = {hours:.1f} h on "
+          f"{world} GPUs, {hours * world:,.0f} GPU-hours (--step-seconds sets the step time)")
     return 0 if fits else 1
 
 

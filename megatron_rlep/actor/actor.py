@@ -47,6 +47,20 @@ def _use_transformer_engine(impl: str) -> bool:
     return use
 
 
+def build_module(hf_config, tensor_parallel: int, pipeline_parallel: int, dtype: torch.dtype,
+                 transformer_engine: bool, recompute: str = "none",
+                 sequence_parallel: bool = False):
+    """(TransformerConfig, this rank's GPTModel shard) for ``hf_config``, weights not loaded;
+    the process group and Megatron's parallel state must be set up."""
+    config = bridge.transformer_config(hf_config, tensor_parallel, pipeline_parallel, dtype,
+                                       cpu=not platform.has_cuda(), recompute=recompute,
+                                       sequence_parallel=sequence_parallel)
+    spec = platform.layer_spec(transformer_engine=transformer_engine)
+    if not transformer_engine:
+        spec = attention.with_sdpa(spec)
+    return config, bridge.gpt_model(hf_config, config, spec).to(platform.device())
+
+
 _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")
 
 
@@ -78,19 +92,13 @@ class Actor:
         self.temperature = temperature
         self.dtype = platform.compute_dtype(dtype)
         self.device = platform.device()
-        config = bridge.transformer_config(self.hf_config, tensor_parallel, pipeline_parallel,
-                                           self.dtype, cpu=not platform.has_cuda(),
-                                           recompute=recompute,
-                                           sequence_parallel=sequence_parallel)
-        use_te = _use_transformer_engine(transformer_impl)
+        use_te = self.transformer_engine = _use_transformer_engine(transformer_impl)
         if share_prompts and use_te:
             raise RunError("parallel.share_prompts needs an attention mask of any shape, which the "
                            "Transformer Engine layers do not take here: set "
                            "model.transformer_impl=local or parallel.share_prompts=false")
-        spec = platform.layer_spec(transformer_engine=use_te)
-        if not use_te:
-            spec = attention.with_sdpa(spec)
-        model = bridge.gpt_model(self.hf_config, config, spec).to(self.device)
+        config, model = build_module(self.hf_config, tensor_parallel, pipeline_parallel, self.dtype,
+                                     use_te, recompute, sequence_parallel)
         bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
         self.share_prompts = share_prompts
         self.pack_sequences = pack_sequences
@@ -384,7 +392,11 @@ class Actor:
         return bridge.export_hf(self.module, self.hf_config, bucket_bytes)
 
     def save(self, path, extra: dict | None = None):
-        return checkpoint.save(path, self.module, self.optimizer, self.scheduler, self.step, extra)
+        return checkpoint.save(path, self.module, self.optimizer, self.scheduler, self.step, extra,
+                               self.transformer_engine)
+
+    def save_weights(self, path, step: int, extra: dict | None = None):
+        return checkpoint.save_weights(path, self.module, step, extra, self.transformer_engine)
 
     def load(self, path) -> dict:
         self.step, extra = checkpoint.load(path, self.module, self.optimizer, self.scheduler)

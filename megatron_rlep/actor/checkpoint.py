@@ -2,7 +2,10 @@
 
 ``save``/``load`` write and read model, optimiser, scheduler, step and caller state (any
 JSON-able ``extra``, such as the trainer's data position) as a Megatron-Core distributed
-checkpoint, which loads onto a different TP/PP layout. Every rank's RNG state goes beside it
+checkpoint, which loads onto a different TP/PP layout. ``save_weights`` writes the model alone
+(the trainer's best validation step), and ``load_weights`` reads the model out of either kind
+(tools/export_hf.py). The metadata records the layout, the weights' dtype and whether
+Transformer Engine layers were used (their parameter names differ from the local specs'). Every rank's RNG state goes beside it
 (``rng/rank-<r>.pt``) and is restored when the layout is the same; on another layout the
 ranks keep their seeded generators.
 
@@ -64,6 +67,11 @@ def _layout() -> dict:
             "pp": ps.get_pipeline_model_parallel_world_size()}
 
 
+def _model_info(model, transformer_engine: bool) -> dict:
+    dtype = next(model.parameters()).dtype
+    return {"dtype": str(dtype).replace("torch.", ""), "transformer_engine": transformer_engine}
+
+
 def _sharded(model, optimizer, scheduler, loading: bool) -> dict:
     model_sd = model.sharded_state_dict()
     return {"model": model_sd,
@@ -91,20 +99,63 @@ def _prepare(final: Path) -> Path:
     return partial
 
 
-def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None) -> Path:
-    from megatron.core import dist_checkpointing
+def _synchronous_writer() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if filesystem_async._results_queue is None:  # synchronous saves: see the module docstring
         filesystem_async._results_queue = queue.Queue()
+
+
+def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None,
+         transformer_engine: bool = False) -> Path:
+    from megatron.core import dist_checkpointing
+
+    _synchronous_writer()
     final = Path(path)
     partial = _prepare(final)
     dist_checkpointing.save(_sharded(model, optimizer, scheduler, loading=False), str(partial))
     rank = dist.get_rank() if dist.is_initialized() else 0
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank-{rank}.pt")
-    _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout()})
+    _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout(),
+                              **_model_info(model, transformer_engine)})
     return final
+
+
+def save_weights(path: str | Path, model, step: int, extra: dict | None = None,
+                 transformer_engine: bool = False) -> Path:
+    """The model's weights alone (no optimiser or scheduler state: about a seventh of a full
+    checkpoint in bf16), atomically replacing ``path``; ``load_weights`` and tools/export_hf.py
+    read it."""
+    from megatron.core import dist_checkpointing
+
+    _synchronous_writer()
+    final = Path(path)
+    partial = _prepare(final)
+    dist_checkpointing.save({"model": model.sharded_state_dict()}, str(partial))
+    _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout(),
+                              "weights_only": True, **_model_info(model, transformer_engine)})
+    return final
+
+
+def metadata(path: str | Path) -> dict:
+    """A complete checkpoint's metadata (step, extra, layout, dtype, layer kind)."""
+    path = Path(path)
+    if not is_complete(path):
+        raise FileNotFoundError(f"{path} is not a complete actor checkpoint (no {COMPLETE}); "
+                                "point to a checkpoint directory written by a finished save")
+    return json.loads((path / COMPLETE).read_text())
+
+
+def load_weights(path: str | Path, model) -> dict:
+    """The model's weights from a full or weights-only checkpoint, on any layout (Megatron-Core
+    reshards on load); returns the checkpoint's metadata."""
+    from megatron.core import dist_checkpointing
+
+    meta = metadata(path)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
+    model.load_state_dict(state["model"])
+    return meta
 
 
 def is_complete(path: str | Path) -> bool:
@@ -116,10 +167,10 @@ def load(path: str | Path, model, optimizer, scheduler) -> tuple[int, dict]:
     from megatron.core import dist_checkpointing
 
     path = Path(path)
-    if not is_complete(path):
-        raise FileNotFoundError(f"{path} is not a complete actor checkpoint (no {COMPLETE}); "
-                                "point to a checkpoint directory written by a finished save")
-    meta = json.loads((path / COMPLETE).read_text())
+    meta = metadata(path)
+    if meta.get("weights_only"):
+        raise FileNotFoundError(f"{path} holds weights only (the best validation step); resume "
+                                "from a step-* checkpoint, or export it with tools/export_hf.py")
     state = dist_checkpointing.load(_sharded(model, optimizer, scheduler, loading=True), str(path))
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -129,6 +180,42 @@ def load(path: str | Path, model, optimizer, scheduler) -> tuple[int, dict]:
     if meta["layout"] == _layout() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
     return int(meta["step"]), meta["extra"]
+
+
+def hf_parameters(hf_path: str | Path) -> int:
+    """The parameters of a Hugging Face checkpoint, from its safetensors headers alone."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(Path(hf_path).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                n = 1
+                for size in f.get_slice(key).get_shape():
+                    n *= size
+                total += n
+    return total
+
+
+def disk_plan(parameters: int, bf16: bool, total_steps: int, save_every: int, keep: int,
+              keep_best: bool) -> dict:
+    """Bytes on disk: a full checkpoint (weights in the compute dtype; with bf16 weights Adam's
+    fp32 master copy; Adam's two fp32 moments), the best step's weights-only checkpoint, the
+    final Hugging Face export, and what a whole run holds at most: the newest ``keep`` full
+    checkpoints and the one being written before the oldest goes (0: every one), plus those
+    two."""
+    weights = parameters * (2 if bf16 else 4)
+    full = weights + parameters * ((4 if bf16 else 0) + 8)
+    saves = total_steps // save_every + (total_steps % save_every > 0) if save_every else 1
+    held = min(keep + 1, saves) if keep else saves
+    best = weights if keep_best else 0
+    return {"checkpoint": full, "best": best, "hf": weights, "saves": saves, "held": held,
+            "run": held * full + best + weights}
+
+
+def human(size: float) -> str:
+    """Bytes as MiB below a GiB, else GiB, one decimal."""
+    return f"{size / 2**20:.1f} MiB" if size < 2**30 else f"{size / 2**30:.1f} GiB"
 
 
 def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:

@@ -10,8 +10,8 @@ Megatron's parallel state rebuilt for each actor), so the imports are paid once:
 
 ``step`` asserts logits and log-probs equal transformers' (1e-4) and a bit-exact export, then
 does one optimiser update on a fixed batch and writes OUT/weights.safetensors (exported after
-the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckpt and the
-Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss modes, too, are
+the update), OUT/metrics.json, OUT/logits.pt, the distributed checkpoint OUT/ckpt, a
+weights-only one OUT/best and the Hugging Face export OUT/hf. Two more updates then check that the seq-mean loss modes, too, are
 exact over micro-batches and data-parallel shares, and one more that micro-batches cut by a
 token budget (``max_tokens_per_micro_batch``) change neither log-probs nor the loss, and that
 full recompute with log-probs in chunks changes neither log-probs nor gradients; at TP > 1,
@@ -140,6 +140,7 @@ def step(model_dir, tp, pp, out):
     weights = {k: v.contiguous() for bucket in actor.export_hf() for k, v in bucket}
     logits = actor.logits(torch.tensor(batch.tokens[1])[None])
     actor.save(out / "ckpt", extra={"note": "step test"})
+    actor.save_weights(out / "best", 1, {"val/acc": 0.5})  # weights only, as the trainer's best
     actor.save_hf(out / "hf")
     if rank == 0:
         save_file(weights, str(out / "weights.safetensors"))

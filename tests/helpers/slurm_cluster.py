@@ -27,6 +27,20 @@ def available() -> str | None:
     return None
 
 
+def for_tests(tmp_path_factory, why_not: str | None):
+    """A module's cluster (a pytest fixture's body: ``yield from for_tests(...)``); CI must have
+    Slurm, so there a missing one fails instead of skipping."""
+    import pytest
+
+    if why_not is not None:
+        pytest.fail(f"CI must run the Slurm tests, but {why_not}")
+    root = tmp_path_factory.mktemp("slurm")
+    os.chmod(root, 0o700)
+    cluster = Cluster(root).start()
+    yield cluster
+    cluster.stop()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

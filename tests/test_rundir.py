@@ -1,0 +1,38 @@
+"""A run directory's housekeeping (megatron_rlep/rundir.py): settings pinned on resume, the
+newest checkpoints and the best step kept."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from megatron_rlep import rundir
+from megatron_rlep.config import RunError, compose
+
+
+def test_a_run_resumes_only_with_the_settings_it_started_with(tmp_path):
+    started = asdict(compose(["algorithm.lr=1e-5"]))
+    rundir.pin_settings(tmp_path, started, resuming=True, writer=True)  # a new run: written
+    assert json.loads((tmp_path / "config.json").read_text()) == started
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step-000002\n")
+    # what may change on resume: steps, logging, layout, engine
+    later = asdict(compose(["algorithm.lr=1e-5", "algorithm.total_steps=800", "logging.eval_every=3",
+                            "parallel.tensor_parallel=2", "rollout.engine=transformers"]))
+    rundir.pin_settings(tmp_path, later, resuming=True, writer=False)
+    with pytest.raises(RunError, match=rf"^{tmp_path} holds a run started with other settings "
+                                       r"\(algorithm.lr: 1e-05 there, 2e-05 now\); resume it"):
+        rundir.pin_settings(tmp_path, asdict(compose(["algorithm.lr=2e-5"])), True, False)
+    # resume=false starts over: nothing is compared
+    rundir.pin_settings(tmp_path, asdict(compose(["algorithm.lr=2e-5"])), False, True)
+
+
+def test_pruning_keeps_the_newest_and_the_best(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name in ("step-000010", "step-000020", "step-000030", "pool-000030", "pool-000020", "best"):
+        (root / name).mkdir(parents=True)
+    rundir.prune(tmp_path, 2)
+    assert sorted(p.name for p in root.iterdir()) == ["best", "pool-000020", "pool-000030",
+                                                      "step-000020", "step-000030"]
+    rundir.prune(tmp_path, 0)  # 0 keeps all
+    assert len(list(root.iterdir())) == 5
