@@ -41,7 +41,7 @@ class Monitor:
                     f"wandb could not start {logging.wandb} ({type(err).__name__}: {reason}); "
                     "on compute nodes without internet set logging.wandb=offline and upload "
                     f"later with `wandb sync {self.path.parent}/wandb/offline-run-*` from a "
-                    "machine that has it (README, \"Offline compute nodes\")") from None
+                    "machine that has it (docs/cluster.md, \"Offline compute nodes\")") from None
 
     def start(self, total_steps: int, first_step: int = 0) -> None:
         """At the run's first step: a fresh run empties metrics.jsonl, a resumed one drops the

@@ -1,10 +1,12 @@
-"""Suite order: the longest test file first. scripts/test.sh runs the suite on two xdist workers
-that take whole files (``--dist loadfile``) in collection order, so the two-phase demo's test
-(about a third of the suite's process time) starts at once on one worker while the other works
-through the rest."""
+"""Suite order: the longest test files first. scripts/test.sh runs the suite on two xdist workers
+that take whole files (``--dist loadfile``) in collection order, so the two-phase demo's test and
+the rehearsal of the paper's walk (together about half the suite's process time) start at once,
+one on each worker, while the rest follows."""
 
-FIRST = ("test_demo.py",)
+FIRST = ("test_demo.py", "test_rehearsal.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.path.name not in FIRST)  # stable: the rest keep their order
+    # stable: the rest keep their order
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST
+               else len(FIRST))

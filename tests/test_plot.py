@@ -49,6 +49,16 @@ def write_validation(path: Path, right: dict[int, set]):
             "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def test_a_metric_the_run_did_not_log_is_one_line_naming_what_it_did(tmp_path):
+    write_run(tmp_path / "run", {0: 0.3, 10: 0.4})
+    result = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "run"), "--metric",
+                             "val/accuracy", "-o", str(tmp_path / "c.png")], capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and not (tmp_path / "c.png").exists()
+    assert result.stderr.strip() == (f"error: {tmp_path / 'run'} logged no val/accuracy; pick "
+                                     "--metric from its metrics: train/acc_fresh, val/acc")
+
+
 def test_paired_runs_get_bands_and_the_difference_with_its_interval(tmp_path):
     write_run(tmp_path / "baseline", {0: 0.25, 2: 0.5})
     write_run(tmp_path / "rlep", {0: 0.25, 2: 0.75})

@@ -200,7 +200,8 @@ def test_unknown_mode_is_one_sentence():
         Verifier("exact")
 
 
-# Ground-truth forms found in ../shared/data (docs/reference_differences.md, "Ground truths"):
+# Ground-truth forms found in the evaluation sets, GSM8K and DAPO-Math-17k
+# (docs/reference_differences.md, "Ground truths"):
 # (answer, ground truth as a file may give it, the DAPO rule's verdict, math mode's verdict).
 # The loader already turns AIME's "025" and AMC's 27.0 into "25" and "27" (tests/test_data.py).
 GROUND_TRUTH_FORMS = [

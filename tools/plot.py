@@ -28,17 +28,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def read_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
+def read_curve(run_dir: Path, metric: str, required: bool = False) -> list[tuple[int, float]]:
+    """(step, value) of ``metric`` in a run's metrics.jsonl; ``required``: a run that never
+    logged it stops with the metrics it did log."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; give run directories written by "
                                 "python -m megatron_rlep.train")
-    points = {}
+    points, logged = {}, set()
     for line in path.read_text().splitlines():
         if line.strip():
             record = json.loads(line)
+            logged.update(k for k, v in record.items() if v is not None)
             if record.get(metric) is not None:
                 points[record["step"]] = float(record[metric])  # a resumed step: the last wins
+    if required and not points:
+        names = sorted(logged - {"step", "time"})
+        raise ValueError(f"{run_dir} logged no {metric}; pick --metric from its metrics: "
+                         f"{', '.join(names[:40])}{', ...' if len(names) > 40 else ''}")
     return sorted(points.items())
 
 
@@ -179,7 +186,7 @@ def main(argv=None) -> int:
             data = plot_replay(dict(zip(names, args.runs)), args.output)
             args.output.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
             return 0
-        raw = {n: read_curve(r, args.metric) for n, r in zip(names, args.runs)}
+        raw = {n: read_curve(r, args.metric, required=True) for n, r in zip(names, args.runs)}
         if args.paired:
             from megatron_rlep.paired import curves as paired_curves, validation_records
 
