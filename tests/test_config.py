@@ -201,3 +201,15 @@ def test_a_gpu_model_on_a_machine_without_one_stops_at_once():
         "error: the model /checkpoints/Qwen2.5-Math-7B needs a GPU (model.needs_gpu=true) but "
         "torch sees none here; run it on GPU nodes (sbatch --gpus-per-node=8 ...), or set "
         "model.needs_gpu=false to run it on the CPU anyway")
+
+
+def test_a_mistyped_pool_path_stops_before_the_model_loads(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "megatron_rlep.train", "experiment=cpu_rlep",
+                             f"algorithm.pool={tmp_path / 'pol'}", f"run_dir={tmp_path / 'run'}",
+                             "logging.wandb=disabled"], capture_output=True, text=True,
+                            timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: experience pool {tmp_path / 'pol'} does not exist; give the output directory "
+        "of tools/build_pool.py or the RLEP release parquet (algorithm.pool)")
+    assert "Megatron-Core" not in result.stdout + result.stderr  # no model was built
