@@ -111,6 +111,9 @@ class AlgorithmConfig:
     warmup_from_zero: bool = False  # step k at lr * k / warmup, the first at 0 (the reference)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # an update whose gradient norm is not finite is skipped (actor/skipped_updates); this many
+    # in a row stop the run with a checkpoint of the weights before them (0: never stop)
+    max_skipped_updates: int = 3
     total_steps: int = 400
 
 
@@ -314,7 +317,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.epochs": (1, None), "algorithm.clip_low": (0.0, 1.0),
     "algorithm.clip_high": (0.0, None), "algorithm.dual_clip": (1.0, None),
     "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None),
-    "algorithm.warmup_steps": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
+    "algorithm.warmup_steps": (0, None), "algorithm.max_skipped_updates": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
     "algorithm.total_steps": (0, None), "algorithm.replay.priority_floor": (0.0, 1.0),
     "algorithm.replay.cap": (1, None), "algorithm.pool_min_coverage": (0.0, 1.0),
     "algorithm.correction.is_threshold": (1.0, None), "algorithm.correction.rs_threshold": (1.0, None),

@@ -140,6 +140,7 @@ class Trainer:
         self.step, cursor = 0, 0
         self.pass_rates = PassRates()  # the replay strategies' running pass rates
         self.best = None  # (val/acc, step) of the best validation so far
+        self.skipped_in_a_row = 0  # updates skipped for non-finite gradients, the latest ones
         latest = self.run_dir / "checkpoints" / "latest"
         if cfg.resume and latest.is_file():
             checkpoint = self.run_dir / "checkpoints" / latest.read_text().strip()
@@ -153,6 +154,21 @@ class Trainer:
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights()
         self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
+
+    def too_many_skipped(self) -> bool:
+        limit = self.cfg.algorithm.max_skipped_updates
+        return bool(limit) and self.skipped_in_a_row >= limit
+
+    def stop_on_skipped(self, step: int) -> None:
+        """Too many updates in a row had non-finite gradients: checkpoint the weights before
+        them (the skipped updates changed nothing) and stop in one sentence."""
+        self.step = step + 1
+        self.save(self.step)
+        raise RunError(f"{self.skipped_in_a_row} updates in a row had non-finite gradients (the "
+                       f"last at step {step}) and were skipped; checkpoints/step-{self.step:06d} "
+                       "holds the weights before them: lower algorithm.lr or algorithm.grad_clip "
+                       "or look at the step's batch (logging.dump_batches=true), then resume "
+                       "(algorithm.max_skipped_updates sets how many in a row stop the run)")
 
     def keep_best(self, step: int, accuracy: float | None) -> bool:
         """After a validation: a new best ``val/acc`` replaces ``checkpoints/best`` (weights
@@ -311,6 +327,11 @@ class Trainer:
                 if sub.old_logp is None:
                     for i, logp in zip(index, self.actor.fused_old_logp):
                         batch.old_logp[i] = logp
+                self.skipped_in_a_row = self.skipped_in_a_row + 1 if results[-1]["skipped"] else 0
+                if self.too_many_skipped():
+                    break
+            if self.too_many_skipped():
+                break
         mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
         mismatch.update(corrected)
         return results, mismatch
@@ -453,6 +474,8 @@ class Trainer:
                 groups, info = self.gather_groups(step)
                 t1 = time.perf_counter()
                 updates, mismatch = self.update(groups) if groups else ([], {})
+                if self.too_many_skipped():
+                    self.stop_on_skipped(step)
                 t2 = time.perf_counter()
                 metrics.update(mismatch)
                 metrics.update(self.sync_weights() if updates else {})
@@ -558,8 +581,10 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
         "train/gen_batches": info["gen_batches"], "train/groups_short": info["groups_short"],
         "time/rollout_s": rollout_s, "time/update_s": update_s,
     }
+    applied = [u for u in updates if not u["skipped"]]
     for key in ("loss", "clip_fraction", "dual_clip_fraction", "entropy", "grad_norm", "lr"):
-        out[f"actor/{key}"] = _mean(u[key] for u in updates)
+        out[f"actor/{key}"] = _mean(u[key] for u in applied)
+    out["actor/skipped_updates"] = len(updates) - len(applied)  # non-finite gradients
     tokens = sum(u["tokens"] for u in updates)
     out["perf/update_tokens_per_s"] = tokens / update_s if update_s > 0 else None
     out["perf/rollout_tokens_per_s"] = sum(len(s.response_ids) for s in fresh) / rollout_s \

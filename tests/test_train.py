@@ -236,6 +236,47 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
 
 
 @pytest.mark.e2e
+def test_non_finite_gradients_skip_their_update_and_too_many_in_a_row_stop_the_run(assets,
+                                                                                   tmp_path):
+    """Updates 1, 3, 4 and 5 get NaN gradients (two updates a step): steps 0 and 1 skip one
+    each and go on; in step 2 both are skipped, the third in a row: the run checkpoints the
+    weights before them and stops in one sentence."""
+    run_dir = tmp_path / "run"
+    argv = [*launcher(1), "-m", "megatron_rlep.train", f"model.path={assets[0]}",
+            "data.train_size=8", "data.levels=[1,2]", "data.eval_size=4",
+            "algorithm.prompts_per_rollout=4",
+            "algorithm.prompts_per_update=2", "algorithm.rollouts_per_prompt=2",
+            "algorithm.replay_per_prompt=0", "algorithm.total_steps=5", "algorithm.warmup_steps=0",
+            "rollout.engine=transformers", "rollout.max_response_length=8",
+            "logging.wandb=disabled", "logging.eval_every=0", "logging.progress=false",
+            "algorithm.max_skipped_updates=3", f"run_dir={run_dir}"]
+    helper = Path(__file__).parent / "helpers" / "nan_grads"
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                            env=env(argv, PYTHONPATH=str(helper), NAN_UPDATES="1,3,4,5"))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: 3 updates in a row had non-finite gradients (the last at step 2) and were "
+        "skipped; checkpoints/step-000003 holds the weights before them: lower algorithm.lr or "
+        "algorithm.grad_clip or look at the step's batch (logging.dump_batches=true), then "
+        "resume (algorithm.max_skipped_updates sets how many in a row stop the run)")
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["actor/skipped_updates"]) for x in lines] == [(1, 1), (2, 1)]
+    assert all(math.isfinite(x["actor/grad_norm"]) for x in lines)  # the applied ones only
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000003"
+    from safetensors.torch import load_file
+
+    export = tmp_path / "export"
+    done = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" /
+                                               "export_hf.py"), str(run_dir), "-o", str(export)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    weights = {}
+    for f in export.glob("*.safetensors"):
+        weights.update(load_file(f))
+    assert all(bool(t.isfinite().all()) for t in weights.values())  # no NaN was applied
+
+
+@pytest.mark.e2e
 def test_local_multirun_sweep_gives_each_job_its_own_run_dir(assets, tmp_path):
     base = tmp_path / "sweep"
     # seed 2 draws other built-in questions than the pool's: coverage is not this test's point

@@ -376,14 +376,15 @@ class Actor:
         if batch.old_logp is None:
             merged = self._gather_rows(outputs)
             self.fused_old_logp = [merged[i][0] for i in range(len(batch))]
-        grad_norm, lr = optim.step(self.optimizer, self.algorithm.grad_clip)
+        grad_norm, lr, applied = optim.step(self.optimizer, self.algorithm.grad_clip)
         self.step += 1
         s = dict(zip(_STATS, stats.tolist()))
         tokens = max(s["tokens"], 1.0)
         return {"loss": s["loss"] / max(float(count), 1.0), "pg_loss": s["pg_loss"] / tokens,
                 "clip_fraction": s["clipped"] / tokens, "dual_clip_fraction": s["dual_clipped"] / tokens,
                 "entropy": s["entropy"] / tokens, "kl": s["kl"] / tokens,
-                "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"]}
+                "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"],
+                "skipped": not applied}
 
     # ------------------------------------------------------------------ weights out and in
 

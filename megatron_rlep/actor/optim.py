@@ -7,9 +7,15 @@ as the reference does: every optimiser update of one step runs at the same learn
 distributed optimiser shards the optimiser state; on the CPU the plain one is used (the
 distributed optimiser and Megatron's ``clip_grads`` need CUDA tensors), and clipping goes
 through ``platform.clip_grad_norm``.
+
+A step whose gradient norm is not finite is skipped on every platform (``step`` reports it and
+applies nothing): in bf16 without a loss scaler Megatron-Core never flags inf/NaN itself, so its
+own ``optimizer.step()`` would apply a NaN update.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -23,7 +29,7 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
 
     config = OptimizerConfig(
         optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
-        adam_beta2=0.999, adam_eps=1e-8, clip_grad=grad_clip if platform.has_cuda() else 0.0,
+        adam_beta2=0.999, adam_eps=1e-8, clip_grad=0.0,  # clipped in ``step``
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
     )
     optimizer = get_megatron_optimizer(config, model_chunks)
@@ -58,18 +64,21 @@ def set_position(scheduler, at: int) -> None:
     scheduler.step(increment=0)
 
 
-def step(optimizer, grad_clip: float) -> tuple[float, float]:
-    """One optimiser step; returns (gradient norm before clipping, learning rate used)."""
+def step(optimizer, grad_clip: float) -> tuple[float, float, bool]:
+    """One optimiser step; returns (gradient norm before clipping, learning rate, applied).
+    A non-finite norm (or a loss scaler's inf) skips it: nothing is applied."""
     lr = optimizer.param_groups[0]["lr"]
+    if optimizer.prepare_grads():  # a loss scaler's inf check (fp16 only)
+        return math.inf, lr, False
     if platform.has_cuda():
-        ok, grad_norm, _ = optimizer.step()
-        if not ok:
-            raise FloatingPointError("the optimiser skipped a step: non-finite gradients")
-        return float(grad_norm or 0.0), lr
-    optimizer.prepare_grads()
-    grad_norm = platform.clip_grad_norm(optimizer.get_parameters(), grad_clip)
-    if not torch.isfinite(torch.tensor(grad_norm)):
-        raise FloatingPointError(f"gradient norm is {grad_norm}: the loss produced non-finite "
-                                 "gradients; lower algorithm.lr or check the batch")
+        norm = float(optimizer.get_grad_norm())
+        if not math.isfinite(norm):
+            return norm, lr, False
+        if grad_clip > 0:
+            optimizer.clip_grad_norm(grad_clip)
+    else:
+        norm = platform.clip_grad_norm(optimizer.get_parameters(), grad_clip)
+        if not math.isfinite(norm):
+            return norm, lr, False
     optimizer.step_with_ready_grads()
-    return grad_norm, lr
+    return norm, lr, True
