@@ -123,6 +123,13 @@ def job_lines(job: list[str], nproc: int) -> list[str]:
         problem = (f"the model {cfg.model.path} needs a GPU per rank (model.needs_gpu=true) but "
                    f"this node shows {torch.cuda.device_count()} for {nproc} ranks; submit with "
                    f"--gpus-per-node={nproc}")
+    if problem is None and hasattr(cfg, "parallel"):
+        from megatron_rlep.actor.actor import sequence_parallel_problem
+        from megatron_rlep.platform import transformer_engine_unavailable
+
+        te = cfg.model.transformer_impl != "local" and transformer_engine_unavailable() is None
+        problem = sequence_parallel_problem(cfg.parallel.sequence_parallel, te,
+                                            torch.cuda.is_available())
     return [problem] if problem else []
 
 

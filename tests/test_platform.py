@@ -49,3 +49,14 @@ platform.destroy_distributed()
     assert result.returncode == 0, result.stderr[-3000:]
     assert "backend: gloo device: cpu" in result.stdout
     assert "DotProductAttention" in result.stdout  # Megatron-Core's local spec, not TE's
+
+
+def test_sequence_parallelism_without_transformer_engine_on_a_gpu_is_refused():
+    from megatron_rlep.actor.actor import sequence_parallel_problem
+
+    assert sequence_parallel_problem(True, False, cuda=True).startswith(
+        "parallel.sequence_parallel=true needs Transformer Engine's layers on a GPU")
+    # TE on a GPU, or the CPU (its shim lets the torch norms take it), or no SP: fine
+    assert sequence_parallel_problem(True, True, cuda=True) is None
+    assert sequence_parallel_problem(True, False, cuda=False) is None
+    assert sequence_parallel_problem(False, False, cuda=True) is None

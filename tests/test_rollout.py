@@ -137,6 +137,7 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
 
     monkeypatch.setattr(vllm, "LLM", RecordingLLM)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 2**30, 80 * 2**30))
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(len(RecordingLLM.calls)))
     engine = VllmEngine(str(tiny.make_model(tmp_path / "m")), seed=3)
@@ -156,8 +157,33 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
              ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)] if cuda else \
         [("reload_weights", weights), ("reset_prefix_cache",)]
     assert RecordingLLM.calls[1:] == cycle * 2
-    # the CUDA cache is emptied before the weights wake, never on the CPU
-    assert emptied == ([2, 7] if cuda else [])
+    # the CUDA cache is emptied before the weights wake and before the KV cache wakes (the
+    # export's temporaries go back first), never on the CPU
+    assert emptied == ([2, 4, 7, 9] if cuda else [])
+
+
+def test_vllm_start_up_memory_rule():
+    from megatron_rlep.rollout.vllm_engine import memory_problem
+
+    gib = 2**30
+    # an 80 GiB GPU with 23 GiB of actor resident: 0.6 x 80 = 48 fits in 57, 0.75 x 80 does not
+    assert memory_problem(57 * gib, 80 * gib, 0.6) is None
+    problem = memory_problem(57 * gib, 80 * gib, 0.75)
+    assert problem == ("vLLM needs rollout.gpu_memory_utilization=0.75 of the GPU free at start "
+                       "(60.0 GiB) but 57.0 GiB of 80.0 are free beside the actor: set "
+                       "rollout.gpu_memory_utilization at most 0.69 (tools/memory_plan.py checks "
+                       "a layout)")
+
+
+def test_local_rank_where_torchrun_did_not_set_it():
+    from megatron_rlep.rollout.vllm_engine import local_rank
+
+    # rank 9 of 16 on two nodes of 8 GPUs: device 1 of its node, whoever started it
+    assert local_rank({"LOCAL_RANK": "1"}, 9, 8) == 1
+    assert local_rank({"SLURM_LOCALID": "1"}, 9, 8) == 1  # srun without torchrun
+    assert local_rank({"LOCAL_WORLD_SIZE": "8"}, 9, 8) == 1
+    assert local_rank({}, 9, 8) == 1  # the node's GPUs
+    assert local_rank({}, 9, 0) == 9  # no devices to name: the CPU backend
 
 
 @pytest.mark.e2e

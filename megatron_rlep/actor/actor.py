@@ -29,6 +29,20 @@ from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, c
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
+
+def sequence_parallel_problem(sequence_parallel: bool, transformer_engine: bool,
+                              cuda: bool) -> str | None:
+    """Why sequence parallelism cannot run on this layer kind and platform, or None. On a GPU
+    it needs Transformer Engine's norms: Megatron-Core's torch norms (the local specs) refuse
+    it, and the shim that lets them take it is installed only without CUDA."""
+    if sequence_parallel and cuda and not transformer_engine:
+        return ("parallel.sequence_parallel=true needs Transformer Engine's layers on a GPU "
+                "(Megatron-Core's local norms refuse it) and they are not in use here: install "
+                "the gpu extra's transformer-engine, or set parallel.sequence_parallel=false "
+                "(tools/memory_plan.py shows what that costs)")
+    return None
+
+
 def _use_transformer_engine(impl: str) -> bool:
     """``model.transformer_impl``: whether the layers use Transformer Engine; the reason it does
     not goes out once, in one line (Megatron-Core's own import warnings are silenced)."""
@@ -93,6 +107,9 @@ class Actor:
         self.dtype = platform.compute_dtype(dtype)
         self.device = platform.device()
         use_te = self.transformer_engine = _use_transformer_engine(transformer_impl)
+        problem = sequence_parallel_problem(sequence_parallel, use_te, platform.has_cuda())
+        if problem:
+            raise RunError(problem)
         if share_prompts and use_te:
             raise RunError("parallel.share_prompts needs an attention mask of any shape, which the "
                            "Transformer Engine layers do not take here: set "

@@ -20,7 +20,8 @@ parameters have no ``weight_loader``.)
 
 Memory, colocated with the actor: before the actor's update the engine sleeps at level 2
 (weights dropped, KV cache freed); ``load_weights`` wakes the weights (after emptying the CUDA
-cache), reloads them, then wakes the KV cache. Where the platform has no sleep mode (the CPU
+cache), reloads them, then wakes the KV cache (after emptying it again: the export's and the
+reload's temporaries would otherwise stay in torch's cache beside the KV cache). Where the platform has no sleep mode (the CPU
 backend) both are skipped, said once in the log.
 
 On CPU: eager mode (no torch.compile warm-up), no chunked prefill (per-request seeds crash with
@@ -61,6 +62,32 @@ def configure_cpu_backend(kv_cache_gib: float) -> None:
     torch._dynamo.config.disable = True
 
 
+def memory_problem(free: int, total: int, utilization: float) -> str | None:
+    """Why vLLM would refuse to start beside the actor, or None: vLLM wants
+    ``gpu_memory_utilization`` x the GPU's memory free when it starts, and the actor (weights,
+    gradients, optimizer state) is already resident."""
+    if free >= utilization * total:
+        return None
+    gib = 2**30
+    return (f"vLLM needs rollout.gpu_memory_utilization={utilization:g} of the GPU free at start "
+            f"({utilization * total / gib:.1f} GiB) but {free / gib:.1f} GiB of "
+            f"{total / gib:.1f} are free beside the actor: set rollout.gpu_memory_utilization at "
+            f"most {max(free / total - 0.02, 0.0):.2f} (tools/memory_plan.py checks a layout)")
+
+
+def local_rank(env, rank: int, devices: int) -> int:
+    """This process's rank on its node, where torchrun did not set LOCAL_RANK: srun's
+    SLURM_LOCALID, else the rank modulo LOCAL_WORLD_SIZE, else modulo the node's GPUs. Never the
+    global rank itself on a GPU node (on any node after the first it names no device)."""
+    if env.get("LOCAL_RANK"):
+        return int(env["LOCAL_RANK"])
+    if env.get("SLURM_LOCALID"):
+        return int(env["SLURM_LOCALID"])
+    if env.get("LOCAL_WORLD_SIZE"):
+        return rank % int(env["LOCAL_WORLD_SIZE"])
+    return rank % devices if devices else rank
+
+
 class VllmEngine:
     collective = True  # every rank of an engine's TP group calls generate with the same prompts
 
@@ -74,6 +101,12 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if on_cpu:
             configure_cpu_backend(cpu_kv_cache_gib)
+        else:  # vLLM's own check fails later with a long traceback; say it in one sentence first
+            from megatron_rlep.config import RunError
+
+            problem = memory_problem(*torch.cuda.mem_get_info(), gpu_memory_utilization)
+            if problem:
+                raise RunError(problem)
         if llm_class is None:
             from vllm import LLM as llm_class
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -83,8 +116,9 @@ class VllmEngine:
             dict(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
         if dist.is_initialized():  # vLLM joins this process group; it reads torchrun's variables
             options["distributed_executor_backend"] = "external_launcher"
+            devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
             for name, value in (("RANK", dist.get_rank()), ("WORLD_SIZE", dist.get_world_size()),
-                                ("LOCAL_RANK", dist.get_rank())):
+                                ("LOCAL_RANK", local_rank(os.environ, dist.get_rank(), devices))):
                 os.environ.setdefault(name, str(value))
         self.llm = llm_class(model=model_path, tensor_parallel_size=tensor_parallel,
                              max_model_len=max_model_len, dtype=dtype, seed=seed,
@@ -158,7 +192,8 @@ class VllmEngine:
                         yield "lm_head.weight", tensor
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors()})
-        if self.asleep:
+        if self.asleep:  # the export's and reload's temporaries go back before the KV cache
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
