@@ -70,12 +70,19 @@ def step(optimizer, grad_clip: float) -> tuple[float, float, bool]:
     lr = optimizer.param_groups[0]["lr"]
     if optimizer.prepare_grads():  # a loss scaler's inf check (fp16 only)
         return math.inf, lr, False
-    if platform.has_cuda():
+    if platform.has_cuda():  # as Megatron-Core's ChainedOptimizer.step, with the check
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
         norm = float(optimizer.get_grad_norm())
         if not math.isfinite(norm):
             return norm, lr, False
-        if grad_clip > 0:
-            optimizer.clip_grad_norm(grad_clip)
+        for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+            params = part.get_parameters()
+            if grad_clip > 0 and params and not getattr(part, "is_stub_optimizer", False):
+                decoupled = getattr(part.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8",
+                                    False)
+                clip_grad_by_total_norm_fp32(params, max_norm=grad_clip, total_norm=norm,
+                                             use_decoupled_grad=decoupled)
     else:
         norm = platform.clip_grad_norm(optimizer.get_parameters(), grad_clip)
         if not math.isfinite(norm):
