@@ -9,6 +9,8 @@
    Packed sequences (parallel.pack_sequences: the THD layout, Transformer Engine's packed
    attention with TE) against padded rows on three sequences of different lengths: at most 0.02
    nats apart on average in bf16 (1e-4 in fp32).
+   The NaN guard: an update whose advantages are NaN (so its gradients are) is skipped and
+   leaves the weights as they were (Megatron-Core's own step would apply it in bf16).
 2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with packed
    sequences and rollout.check_sync=true: after each weight sync the engine's log-probs of a
    fixed sequence must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
@@ -55,6 +57,7 @@ def logprob_parity(model: str, dtype: str) -> dict:
 
     ours = logp(actor.logits(ids))
     packing = packing_parity(actor, tokenizer, dtype)
+    guard = nan_guard(actor, tokenizer)
     reference = {}
     for name, torch_dtype in (("float32", torch.float32), (dtype, actor.dtype)):
         hf = AutoModelForCausalLM.from_pretrained(actor.hf_path, dtype=torch_dtype)
@@ -72,9 +75,28 @@ def logprob_parity(model: str, dtype: str) -> dict:
               "transformers_vs_fp32_mean": (reference[dtype] - exact).abs().mean().item()}
     allowed = 2 * result["transformers_vs_fp32_mean"] + (0.02 if dtype == "bfloat16" else 1e-4)
     result["allowed_mean"] = allowed
-    result["packing"] = packing
-    result["ok"] = result["actor_vs_fp32_mean"] <= allowed and packing["ok"]
+    result["packing"], result["nan_guard"] = packing, guard
+    result["ok"] = result["actor_vs_fp32_mean"] <= allowed and packing["ok"] and guard["ok"]
     return result
+
+
+def nan_guard(actor, tokenizer) -> dict:
+    """One update with NaN advantages: skipped, the weights unchanged."""
+    import torch
+
+    from megatron_rlep.actor.batch import SequenceBatch
+
+    ids = [tokenizer(t)["input_ids"] for t in ("Question: 1 + 1?\nAnswer: 2",
+                                                 "Question: 3 * 3?\nAnswer: 9")]
+    batch = SequenceBatch(ids, [3, 3], advantages=torch.full((2,), float("nan")))
+
+    def weights():
+        return {k: v.detach().cpu().clone() for bucket in actor.export_hf() for k, v in bucket}
+
+    before = weights()
+    skipped = actor.train_step(batch)["skipped"]
+    unchanged = all(torch.equal(before[k], v) for k, v in weights().items())
+    return {"skipped": skipped, "weights_unchanged": unchanged, "ok": skipped and unchanged}
 
 
 def packing_parity(actor, tokenizer, dtype: str) -> dict:
