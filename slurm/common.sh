@@ -29,6 +29,9 @@ export MASTER_ADDR MASTER_PORT
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}  # fail, never hang
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # Megatron's TP overlap
+# NVLS buffers take about 2 GiB a communicator on NVSwitch nodes, and this job's collectives
+# gain little from them; the memory plan (tools/memory_plan.py) counts NCCL without them
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 if [ -n "${SOCKET_IFNAME:-}" ]; then
     export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$SOCKET_IFNAME}
     export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$SOCKET_IFNAME}

@@ -1,7 +1,8 @@
 """Per-GPU memory of a training preset on a given cluster layout, term by term, with formulas.
 
     python tools/memory_plan.py experiment=dapo_nodyn_bs64 [--nodes 8] [--gpus-per-node 8] \
-        [--gpu-gib 80] [--arch qwen2.5-7b] [--markdown] [--step-seconds 160] [key=value ...]
+        [--gpu-gib 80] [--arch qwen2.5-7b] [--markdown] [--step-seconds 160] [--nvls] \
+        [--write-gbps 2] [key=value ...]
 
 The model's shape comes from ``model.path``'s config.json when that exists, else from --arch
 (a few known architectures). Terms, in bytes per GPU (P = parameters of this GPU's shard, tp/pp/dp
@@ -15,14 +16,27 @@ the actor's layout, T = tokens of the longest micro-batch, R = its response toke
   parallelism); split over TP, (2h + 2k + 3f)/tp (q, k, v, attention output, the gated MLP's
   two inputs and its output), with flash attention (TE); full recompute keeps only each layer's
   input (h, /tp with sequence parallelism) plus one whole layer during its backward;
-- logits: R x vocab/tp elements at 2 bytes (bf16) plus 12 bytes in the fp32 log-softmax and
-  entropy, or only a chunk's rows at a time when log-probs are computed in chunks;
+- logits: R x vocab/tp elements at 24 bytes: the bf16 logits (2), their fp32 copy, log-softmax,
+  softmax and entropy products (4 each), and in backward their fp32 and bf16 gradients (4 + 2);
+  only a chunk's rows at a time when log-probs are computed in chunks;
+- the output layer's weight gradient before it joins the gradient buffer: vocab/tp x h x 4;
+- NCCL's buffers: 2 GiB, 6 GiB with NVLS (``--nvls``; NCCL builds about 2 GiB per communicator
+  for NVLS on NVSwitch nodes, and a rank here uses several: world, data-, tensor- and
+  model-parallel); slurm/common.sh sets NCCL_NVLS_ENABLE=0, as NVIDIA's NeMo launcher does, so
+  the plan's default is without;
+- the allocator's fragmentation: 2 GiB (PyTorch's caching allocator keeps 1-3 GiB it cannot
+  hand out at these sizes);
 - the colocated vLLM engine: during rollout it may take ``rollout.gpu_memory_utilization`` of
   the GPU (its weights, 2 bytes x all parameters / rollout.tensor_parallel, then KV cache in
   the rest); asleep during the update
   (level 1 or 2) it keeps only its CUDA context and graph pool (about 2 GiB, assumed).
 A CUDA context of about 1 GiB per process is added. Peaks: rollout = actor's weights, gradients
-and optimizer + vLLM's share; update = the same + activations + logits + vLLM asleep.
+and optimizer + context + NCCL + fragmentation + vLLM's share; update = the same without vLLM's
+share + activations + logits + the output layer's weight gradient + vLLM asleep. vLLM starts
+only when ``gpu_memory_utilization`` x the GPU is free beside the actor (its start-up check);
+the plan says whether it is. Disk: a checkpoint's size (actor/checkpoint.py ``disk_plan``) and
+its write time at ``--write-gbps`` per node, which with the step time gives the lead the
+time-limit signal needs (the sbatch scripts give 300 s).
 """
 
 from __future__ import annotations
@@ -36,6 +50,10 @@ from pathlib import Path
 GIB = 2**30
 CUDA_CONTEXT = 1.0 * GIB
 VLLM_ASLEEP = 2.0 * GIB
+NCCL = 2.0 * GIB
+NCCL_NVLS = 6.0 * GIB
+FRAGMENTATION = 2.0 * GIB
+LOGIT_BYTES = 24
 # name: (hidden, layers, heads, kv heads, head dim, ffn, vocab, tied embeddings)
 ARCHS = {
     "smollm2-135m": (576, 30, 9, 3, 64, 1536, 49152, True),
@@ -78,7 +96,7 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
          recompute: str = "none", sequence_parallel: bool = False,
          distributed_optimizer: bool = True,
          bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
-         gpu_bytes: float = 80 * GIB, rollout_tp: int = 1) -> dict:
+         gpu_bytes: float = 80 * GIB, rollout_tp: int = 1, nvls: bool = False) -> dict:
     """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
     1F1B, pp micro-batches in flight), and the rollout and update peaks."""
     h, f = arch.hidden, arch.ffn
@@ -98,23 +116,32 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
         kept = per_token_layer * layers
     in_flight = pp  # 1F1B: the first stage holds pp micro-batches' activations
     rows = min(response_tokens, logprob_chunk) if logprob_chunk else response_tokens
+    output_layer = pp == 1  # the plan is stage 0's: it has the output layer only without PP
     terms = {
         "weights": 2 * shard,
         "gradients": (2 if bf16_grads else 4) * shard,
         "optimizer": 12 * shard / (dp if distributed_optimizer else 1),
         "activations": kept * tokens * in_flight,
-        "logits": rows * arch.vocab / tp * (2 + 12) if pp == 1 else 0.0,
+        "logits": rows * arch.vocab / tp * LOGIT_BYTES if output_layer else 0.0,
+        "output_wgrad": arch.vocab / tp * h * 4 if output_layer else 0.0,
         "cuda_context": CUDA_CONTEXT,
+        "nccl": NCCL_NVLS if nvls else NCCL,
+        "fragmentation": FRAGMENTATION,
     }
     vllm_rollout = vllm_utilization * gpu_bytes
     vllm_weights = 2 * arch.params() / rollout_tp if vllm_utilization else 0.0
-    static = terms["weights"] + terms["gradients"] + terms["optimizer"] + CUDA_CONTEXT
+    static = sum(terms[t] for t in ("weights", "gradients", "optimizer", "cuda_context", "nccl",
+                                    "fragmentation"))
     rollout_peak = static + vllm_rollout
-    update_peak = static + terms["activations"] + terms["logits"] + (VLLM_ASLEEP if vllm_utilization else 0)
+    update_peak = static + terms["activations"] + terms["logits"] + terms["output_wgrad"] + \
+        (VLLM_ASLEEP if vllm_utilization else 0)
     return {**terms, "vllm_rollout": vllm_rollout, "vllm_weights": vllm_weights,
             "vllm_kv_cache": max(vllm_rollout - vllm_weights, 0.0),
             "kv_tokens": max(vllm_rollout - vllm_weights, 0.0) * rollout_tp
             / (2 * arch.layers * arch.kv_heads * arch.head_dim * 2), "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
+            # vLLM's start-up check: this much must be free when the engine starts
+            "vllm_startup_free": gpu_bytes - static,
+            "vllm_starts": gpu_bytes - static >= vllm_rollout,
             "rollout_peak": rollout_peak, "update_peak": update_peak,
             "peak": max(rollout_peak, update_peak), "gpu": gpu_bytes,
             "params_total": arch.params(), "params_shard": shard}
@@ -132,9 +159,9 @@ def arch_for(model_path: str, name: str | None) -> Arch:
 
 
 def table(result: dict) -> list[tuple[str, float]]:
-    order = ["weights", "gradients", "optimizer", "activations", "logits", "cuda_context",
-             "vllm_rollout", "vllm_weights", "vllm_kv_cache", "vllm_asleep", "rollout_peak",
-             "update_peak"]
+    order = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
+             "cuda_context", "nccl", "fragmentation", "vllm_rollout", "vllm_weights",
+             "vllm_kv_cache", "vllm_asleep", "rollout_peak", "update_peak"]
     return [(name, result[name] / GIB) for name in order]
 
 
@@ -148,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=160.0,
                         help="seconds a training step takes, for the cost line (the paper: "
                              "about 160 s on 8 x 8 H100 for Qwen2.5-Math-7B)")
+    parser.add_argument("--nvls", action="store_true",
+                        help="NCCL with NVLS buffers (NCCL_NVLS_ENABLE=1; slurm/ sets 0)")
+    parser.add_argument("--write-gbps", type=float, default=2.0,
+                        help="checkpoint write bandwidth per node, GB/s (assumed: measure it)")
     args, overrides = parser.parse_known_args(argv)
     from megatron_rlep.cli import USER_ERRORS, fail
     from megatron_rlep.config import compose
@@ -171,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     vllm = cfg.rollout.gpu_memory_utilization if cfg.rollout.engine != "transformers" else 0.0
     result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, tokens, response,
                   p.recompute, p.sequence_parallel, dp > 1, p.bf16_grads,
-                  p.logprob_chunk_tokens, vllm, args.gpu_gib * GIB, cfg.rollout.tensor_parallel)
+                  p.logprob_chunk_tokens, vllm, args.gpu_gib * GIB, cfg.rollout.tensor_parallel,
+                  args.nvls)
     print(f"{arch.params() / 1e9:.2f}B parameters, {world} GPUs of {args.gpu_gib:g} GiB: "
           f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}; longest micro-batch "
           f"{tokens} tokens ({response} response tokens); recompute={p.recompute}, "
@@ -187,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM's KV cache holds {result['kv_tokens']:,.0f} tokens per engine "
               f"({result['kv_tokens'] / longest:.0f} sequences of {longest} tokens)")
     margin = args.gpu_gib - result["peak"] / GIB
-    fits = margin >= 0 and result["kv_tokens"] >= longest if vllm else margin >= 0
+    fits = margin >= 0 and (result["kv_tokens"] >= longest and result["vllm_starts"]
+                            if vllm else True)
+    if vllm:
+        print(f"vLLM's start-up: {result['vllm_startup_free'] / GIB:.1f} GiB free beside the actor, "
+              f"{vllm * args.gpu_gib:.1f} needed ({vllm:g} of the GPU): "
+              + ("it starts" if result["vllm_starts"] else "DOES NOT START; lower "
+                 "rollout.gpu_memory_utilization"))
     print(f"peak {result['peak'] / GIB:.1f} GiB of {args.gpu_gib:g}: "
           + (f"fits, {margin:.1f} GiB spare" if margin >= 0 else f"DOES NOT FIT by {-margin:.1f} GiB"))
     if vllm and result["kv_tokens"] < longest:
@@ -198,10 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     log = cfg.logging
     disk = disk_plan(arch.params(), True, cfg.algorithm.total_steps, log.save_every,
                      log.keep_checkpoints, log.keep_best)
+    write = disk["checkpoint"] / args.nodes / (args.write_gbps * 1e9)
     print(f"disk: {human(disk['checkpoint'])} a checkpoint (bf16 weights, fp32 master copy and "
           f"Adam moments), {disk['saves']} saves, {disk['held']} on disk at once "
           f"(logging.keep_checkpoints={log.keep_checkpoints}); the run holds at most "
           f"{human(disk['run'])} with the best step's weights and the final export")
+    lead = args.step_seconds + write + 60
+    print(f"time limit: a checkpoint writes in about {write:.0f} s ({args.nodes} node(s) at "
+          f"{args.write_gbps:g} GB/s each); the stop signal needs at least a step, the write and "
+          f"a minute: {lead:.0f} s (the sbatch scripts give 300; sbatch --signal=B:USR1@SECONDS "
+          "sets more)")
     hours = cfg.algorithm.total_steps * args.step_seconds / 3600
     print(f"cost: {cfg.algorithm.total_steps} steps x {args.step_seconds:g} s = {hours:.1f} h on "
           f"{world} GPUs, {hours * world:,.0f} GPU-hours (--step-seconds sets the step time)")
