@@ -36,3 +36,16 @@ def test_pruning_keeps_the_newest_and_the_best(tmp_path):
                                                       "step-000020", "step-000030"]
     rundir.prune(tmp_path, 0)  # 0 keeps all
     assert len(list(root.iterdir())) == 5
+
+
+def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp():
+    from megatron_rlep.actor.checkpoint import resume_problem
+
+    saved = {"layout": {"world": 64, "tp": 2, "pp": 1}, "distributed_optimizer": True}
+    assert resume_problem(saved, {"world": 32, "tp": 2, "pp": 1}, True) is None  # DP may change
+    problem = resume_problem(saved, {"world": 64, "tp": 4, "pp": 1}, True)
+    assert problem.startswith("the checkpoint was saved at tp=2 pp=1 and its distributed "
+                              "optimizer state loads only there, not at tp=4 pp=1")
+    # the plain optimizer (the CPU, or one data-parallel rank) reshards on any layout
+    plain = {"layout": {"world": 2, "tp": 2, "pp": 1}, "distributed_optimizer": False}
+    assert resume_problem(plain, {"world": 1, "tp": 1, "pp": 1}, False) is None

@@ -124,7 +124,7 @@ class Actor:
             model.rotary_pos_emb.register_forward_hook(self._rotary_at_positions)
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        distributed = platform.has_cuda() and self.dp_size > 1
+        distributed = self.distributed_optimizer = platform.has_cuda() and self.dp_size > 1
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=not bf16_grads, overlap_grad_reduce=False,
             use_distributed_optimizer=distributed)
@@ -411,13 +411,14 @@ class Actor:
 
     def save(self, path, extra: dict | None = None):
         return checkpoint.save(path, self.module, self.optimizer, self.scheduler, self.step, extra,
-                               self.transformer_engine)
+                               self.transformer_engine, self.distributed_optimizer)
 
     def save_weights(self, path, step: int, extra: dict | None = None):
         return checkpoint.save_weights(path, self.module, step, extra, self.transformer_engine)
 
     def load(self, path) -> dict:
-        self.step, extra = checkpoint.load(path, self.module, self.optimizer, self.scheduler)
+        self.step, extra = checkpoint.load(path, self.module, self.optimizer, self.scheduler,
+                                           self.distributed_optimizer)
         return extra
 
     def save_hf(self, path):

@@ -72,11 +72,34 @@ def _model_info(model, transformer_engine: bool) -> dict:
     return {"dtype": str(dtype).replace("torch.", ""), "transformer_engine": transformer_engine}
 
 
-def _sharded(model, optimizer, scheduler, loading: bool) -> dict:
+# The distributed optimizer's state format: Megatron-Core's dp_reshardable (every rank writes its
+# own shard, in parallel; it reshards over DP only). Its default, fully_sharded_model_space, is
+# deprecated; fully_reshardable gathers on DP rank 0 (a 7B model's 91 GiB of Adam state through
+# one rank). Checkpoints before this was set name no format: they are the default's.
+OPTIMIZER_FORMAT = "dp_reshardable"
+OLD_OPTIMIZER_FORMAT = "fully_sharded_model_space"
+
+
+def _sharded(model, optimizer, scheduler, loading: bool, fmt: str = OPTIMIZER_FORMAT) -> dict:
     model_sd = model.sharded_state_dict()
     return {"model": model_sd,
-            "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading),
+            "optimizer": optimizer.sharded_state_dict(
+                model_sd, is_loading=loading, metadata={"distrib_optim_sharding_type": fmt}),
             "scheduler": scheduler.state_dict()}
+
+
+def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str | None:
+    """Why a full checkpoint cannot resume on ``layout``, or None: the distributed optimizer's
+    state (dp_reshardable) loads only on the TP x PP it was saved on; the weights load anywhere."""
+    saved = meta.get("layout", {})
+    if not (distributed_optimizer or meta.get("distributed_optimizer")) or \
+            (saved.get("tp"), saved.get("pp")) == (layout["tp"], layout["pp"]):
+        return None
+    return (f"the checkpoint was saved at tp={saved.get('tp')} pp={saved.get('pp')} and its "
+            f"distributed optimizer state loads only there, not at tp={layout['tp']} "
+            f"pp={layout['pp']}: resume with parallel.tensor_parallel={saved.get('tp')} "
+            f"parallel.pipeline_parallel={saved.get('pp')}, or start the new layout from its "
+            "weights (tools/export_hf.py, then model.path=) with a fresh optimizer")
 
 
 def _publish(partial: Path, final: Path, metadata: dict) -> None:
@@ -107,7 +130,7 @@ def _synchronous_writer() -> None:
 
 
 def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None,
-         transformer_engine: bool = False) -> Path:
+         transformer_engine: bool = False, distributed_optimizer: bool = False) -> Path:
     from megatron.core import dist_checkpointing
 
     _synchronous_writer()
@@ -118,6 +141,8 @@ def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict |
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank-{rank}.pt")
     _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout(),
+                              "optimizer_format": OPTIMIZER_FORMAT,
+                              "distributed_optimizer": distributed_optimizer,
                               **_model_info(model, transformer_engine)})
     return final
 
@@ -162,16 +187,24 @@ def is_complete(path: str | Path) -> bool:
     return (Path(path) / COMPLETE).is_file()
 
 
-def load(path: str | Path, model, optimizer, scheduler) -> tuple[int, dict]:
+def load(path: str | Path, model, optimizer, scheduler,
+         distributed_optimizer: bool = False) -> tuple[int, dict]:
     """Restore into the live objects; returns (step, extra)."""
     from megatron.core import dist_checkpointing
+
+    from megatron_rlep.config import RunError
 
     path = Path(path)
     meta = metadata(path)
     if meta.get("weights_only"):
         raise FileNotFoundError(f"{path} holds weights only (the best validation step); resume "
                                 "from a step-* checkpoint, or export it with tools/export_hf.py")
-    state = dist_checkpointing.load(_sharded(model, optimizer, scheduler, loading=True), str(path))
+    problem = resume_problem(meta, _layout(), distributed_optimizer)
+    if problem:
+        raise RunError(f"{path}: {problem}")
+    fmt = meta.get("optimizer_format", OLD_OPTIMIZER_FORMAT)
+    state = dist_checkpointing.load(_sharded(model, optimizer, scheduler, loading=True, fmt=fmt),
+                                    str(path))
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
