@@ -440,8 +440,10 @@ def check_preset(group: str, name: str) -> None:
     """Stop in one sentence when ``conf/<group>/<name>.yaml`` does not exist (Hydra silently
     skips an optional group, such as ``experiment``, whose option is missing)."""
     if name not in presets(group):
-        raise ConfigError(f"{group}={name} names no preset in conf/{group}/; the presets are "
-                          f"{', '.join(presets(group))}.")
+        key = {"model": "model.path", "data": "data.train"}.get(group)
+        hint = f" (a path goes in {key}={name})" if key and "/" in name else ""
+        raise ConfigError(f"{group}={name} names no preset in conf/{group}/{hint}; the presets "
+                          f"are {', '.join(presets(group))}.")
 
 
 # keys of a schema's own that share a name with a config group: set after Hydra composes

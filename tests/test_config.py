@@ -184,6 +184,13 @@ def test_entry_points_refuse_a_mistyped_preset_in_one_line(argv):
     assert "rlep_qwen25_math_7b" in line and "\n" not in line
 
 
+def test_a_path_given_as_a_group_option_says_where_paths_go():
+    with pytest.raises(ConfigError, match=r"^model=/models/Qwen2.5-Math-7B names no preset in "
+                                          r"conf/model/ \(a path goes in "
+                                          r"model.path=/models/Qwen2.5-Math-7B\); the presets are"):
+        compose(["model=/models/Qwen2.5-Math-7B"])
+
+
 def test_the_demo_takes_its_experiment_key_and_lists_take_brackets():
     assert compose(["experiment=cpu_rlep", "seed=2"], "demo").experiment == "cpu_rlep"
     assert compose([], "demo").experiment == "cpu_demo"
