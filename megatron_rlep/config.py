@@ -163,6 +163,10 @@ class ParallelConfig:
     # with PackedSeqParams; Transformer Engine's attention, or the local specs' per-sequence
     # attention): the same numbers; max_tokens_per_micro_batch then counts the packed tokens
     pack_sequences: bool = False
+    # between updates (rollout, validation, weight sync) the gradient buffers are freed and, in
+    # bf16, the optimizer's master weights and Adam state wait in host memory (verl's offload):
+    # room for vLLM's KV cache; tools/memory_plan.py counts it
+    offload_during_rollout: bool = False
 
 
 @dataclass

@@ -134,6 +134,9 @@ class Trainer:
                            seed=cfg.seed, transformer_impl=cfg.model.transformer_impl,
                            **asdict(cfg.parallel))
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
+        self.offload = cfg.parallel.offload_during_rollout
+        if self.offload:  # before the engine starts: its start-up wants the memory free
+            self.actor.offload()
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
                                   cfg.data.max_prompt_length + max(r.max_response_length,
                                                                    self._validation()["max_tokens"]))
@@ -147,6 +150,8 @@ class Trainer:
             extra = self.actor.load(checkpoint)
             self.step, cursor = extra["step"], extra["cursor"]
             self.best = rundir.best_before(self.run_dir, self.step)
+            if self.offload:
+                self.actor.offload()
             self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
             if extra.get("live_pool"):  # answers verified when they joined: not checked again
                 self.pool = ExperiencePool.load(self.run_dir / "checkpoints" / extra["live_pool"])
@@ -334,6 +339,8 @@ class Trainer:
                 break
         mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
         mismatch.update(corrected)
+        if self.offload:  # the rollout's room: the update is done, train_step restores
+            self.actor.offload()
         return results, mismatch
 
     def sync_weights(self) -> dict:

@@ -2,8 +2,9 @@
 
 Tiny random Llama (untied embeddings) and Qwen2 (tied, q/k/v biases) checkpoints: logits and
 log-probs equal transformers', the Hugging Face round trip is bit-exact, one optimiser update
-at TP=2, PP=2 and DP=2 matches the single-process one, and checkpoints saved on those layouts
-load at TP=1 PP=1 with the same weights.
+at TP=2, PP=2 and DP=2 matches the single-process one, checkpoints saved on those layouts
+load at TP=1 PP=1 with the same weights, and updates with the gradient buffers offloaded
+between them equal updates without.
 """
 
 import json
@@ -44,8 +45,9 @@ def families(tmp_path_factory):
     root = tmp_path_factory.mktemp("actor")
     out = run(*chain(*[c for kind, tied in FAMILIES.items() for c in (
         ("make", root / kind / "model", kind, tied), ("step", root / kind / "model", 1, 1,
-                                                      root / kind / "single"))]))
-    assert out.count("OK step tp=1 pp=1") == 2, out
+                                                      root / kind / "single"))],
+                     ("offload", root / "llama" / "model")))
+    assert out.count("OK step tp=1 pp=1") == 2 and "OK offload" in out, out
     out = run(*chain(*[("step", root / kind / "model", tp, pp, root / kind / name)
                        for kind in FAMILIES for name, (tp, pp) in LAYOUTS.items()]), nproc=2)
     assert out.count("OK step") == 2 * len(LAYOUTS), out

@@ -37,6 +37,11 @@ def test_terms_by_hand():
     assert r["update_peak"] == static + 1360 + 720 + 80 + asleep
     # vLLM starts only with its share free beside the actor: here far from it
     assert r["vllm_startup_free"] == 1000 - static and not r["vllm_starts"]
+    # offloaded between updates: the rollout holds neither gradients nor optimizer state
+    off = memory_plan.plan(arch, tp=2, pp=1, dp=4, tokens=10, response_tokens=6,
+                           vllm_utilization=0.5, gpu_bytes=1000, offload=True)
+    assert off["rollout_peak"] == static - 800 - 600 + 500
+    assert off["update_peak"] == r["update_peak"] and off["vllm_startup_free"] == 1000 - static + 1400
     full = memory_plan.plan(arch, 2, 1, 4, 10, 6, recompute="full", bf16_grads=True,
                             distributed_optimizer=False, logprob_chunk=4)
     assert full["activations"] == (2 * 4 * 2 + 68) * 10  # layer inputs + one whole layer

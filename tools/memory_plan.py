@@ -32,7 +32,8 @@ the actor's layout, T = tokens of the longest micro-batch, R = its response toke
   (level 1 or 2) it keeps only its CUDA context and graph pool (about 2 GiB, assumed).
 A CUDA context of about 1 GiB per process is added. Peaks: rollout = actor's weights, gradients
 and optimizer + context + NCCL + fragmentation + vLLM's share; update = the same without vLLM's
-share + activations + logits + the output layer's weight gradient + vLLM asleep. vLLM starts
+share + activations + logits + the output layer's weight gradient + vLLM asleep. With
+``parallel.offload_during_rollout`` the rollout holds neither gradients nor optimizer state. vLLM starts
 only when ``gpu_memory_utilization`` x the GPU is free beside the actor (its start-up check);
 the plan says whether it is. Disk: a checkpoint's size (actor/checkpoint.py ``disk_plan``) and
 its write time at ``--write-gbps`` per node, which with the step time gives the lead the
@@ -96,7 +97,8 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
          recompute: str = "none", sequence_parallel: bool = False,
          distributed_optimizer: bool = True,
          bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
-         gpu_bytes: float = 80 * GIB, rollout_tp: int = 1, nvls: bool = False) -> dict:
+         gpu_bytes: float = 80 * GIB, rollout_tp: int = 1, nvls: bool = False,
+         offload: bool = False) -> dict:
     """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
     1F1B, pp micro-batches in flight), and the rollout and update peaks."""
     h, f = arch.hidden, arch.ffn
@@ -132,7 +134,9 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
     vllm_weights = 2 * arch.params() / rollout_tp if vllm_utilization else 0.0
     static = sum(terms[t] for t in ("weights", "gradients", "optimizer", "cuda_context", "nccl",
                                     "fragmentation"))
-    rollout_peak = static + vllm_rollout
+    # parallel.offload_during_rollout: gradient buffers freed, optimizer state in host memory
+    resident = static - (terms["gradients"] + terms["optimizer"] if offload else 0.0)
+    rollout_peak = resident + vllm_rollout
     update_peak = static + terms["activations"] + terms["logits"] + terms["output_wgrad"] + \
         (VLLM_ASLEEP if vllm_utilization else 0)
     return {**terms, "vllm_rollout": vllm_rollout, "vllm_weights": vllm_weights,
@@ -140,8 +144,8 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
             "kv_tokens": max(vllm_rollout - vllm_weights, 0.0) * rollout_tp
             / (2 * arch.layers * arch.kv_heads * arch.head_dim * 2), "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
             # vLLM's start-up check: this much must be free when the engine starts
-            "vllm_startup_free": gpu_bytes - static,
-            "vllm_starts": gpu_bytes - static >= vllm_rollout,
+            "vllm_startup_free": gpu_bytes - resident,
+            "vllm_starts": gpu_bytes - resident >= vllm_rollout,
             "rollout_peak": rollout_peak, "update_peak": update_peak,
             "peak": max(rollout_peak, update_peak), "gpu": gpu_bytes,
             "params_total": arch.params(), "params_shard": shard}
@@ -203,11 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, tokens, response,
                   p.recompute, p.sequence_parallel, dp > 1, p.bf16_grads,
                   p.logprob_chunk_tokens, vllm, args.gpu_gib * GIB, cfg.rollout.tensor_parallel,
-                  args.nvls)
+                  args.nvls, p.offload_during_rollout)
     print(f"{arch.params() / 1e9:.2f}B parameters, {world} GPUs of {args.gpu_gib:g} GiB: "
           f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}; longest micro-batch "
           f"{tokens} tokens ({response} response tokens); recompute={p.recompute}, "
           f"sequence_parallel={p.sequence_parallel}, bf16_grads={p.bf16_grads}, logprob_chunk_tokens={p.logprob_chunk_tokens}, "
+          f"offload_during_rollout={p.offload_during_rollout}, "
           f"vLLM gpu_memory_utilization={vllm:g}")
     rows = table(result)
     if args.markdown:

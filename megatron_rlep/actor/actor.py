@@ -138,6 +138,7 @@ class Actor:
         self.config = config
         self.step = 0
         self.fused_old_logp = None  # train_step's own old log-probs, when it took them
+        self.offloaded = False
 
     # ------------------------------------------------------------------ schedule
 
@@ -376,6 +377,7 @@ class Actor:
 
         if batch.advantages is None:
             raise ValueError("train_step needs a batch with advantages")
+        self.restore()  # a no-op unless offloaded between updates
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -403,6 +405,32 @@ class Actor:
                 "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"],
                 "skipped": not applied}
 
+    # ------------------------------------------------------------------ memory between updates
+
+    def offload(self) -> None:
+        """Free the gradient buffers (they are zeroed before every update anyway) and, with bf16
+        weights, move the optimizer's fp32 master weights and Adam state to host memory, through
+        Megatron-Core's own RL hooks; the weights stay. ``restore`` undoes it. In fp32 the
+        optimizer's parameters are the weights themselves, so its state stays put."""
+        if self.offloaded:
+            return
+        for buffer in self.model.buffers + getattr(self.model, "expert_parallel_buffers", []):
+            buffer.offload_to_cpu(move_params=False, move_grads=True)
+        if self.dtype != torch.float32:
+            self.optimizer.offload_to_cpu()
+        self.offloaded = True
+        if platform.has_cuda():
+            torch.cuda.empty_cache()
+
+    def restore(self) -> None:
+        if not self.offloaded:
+            return
+        if self.dtype != torch.float32:
+            self.optimizer.restore_from_cpu()
+        for buffer in self.model.buffers + getattr(self.model, "expert_parallel_buffers", []):
+            buffer.reload_from_cpu(move_params=False, move_grads=True)
+        self.offloaded = False
+
     # ------------------------------------------------------------------ weights out and in
 
     def export_hf(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -417,6 +445,7 @@ class Actor:
         return checkpoint.save_weights(path, self.module, step, extra, self.transformer_engine)
 
     def load(self, path) -> dict:
+        self.restore()
         self.step, extra = checkpoint.load(path, self.module, self.optimizer, self.scheduler,
                                            self.distributed_optimizer)
         return extra

@@ -3,6 +3,7 @@
     actor_cpu.py make MODEL_DIR llama|qwen2 tied|untied
     actor_cpu.py step MODEL_DIR TP PP OUT     # checks, one update, save
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
+    actor_cpu.py offload MODEL_DIR            # two updates with the buffers offloaded between
 
 Commands chain with ``+`` and run one after another in one process (one process group, with
 Megatron's parallel state rebuilt for each actor), so the imports are paid once:
@@ -242,6 +243,34 @@ def gradients(actor, batch):
     return [p.main_grad.clone() for p in actor.model.parameters()]
 
 
+def offload(model_dir):
+    """Two updates with the gradient buffers offloaded between them (parallel.offload_during_
+    rollout) give the weights of two updates without; the buffers are freed while offloaded."""
+    from megatron.core import parallel_state
+
+    from megatron_rlep.actor.actor import Actor
+
+    weights = {}
+    for offloaded in (False, True):
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        actor = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3)
+        batch = fixed_batch(lambda b: reference_logp(model_dir, b)[0])
+        actor.train_step(batch)
+        if offloaded:
+            actor.offload()
+            buffers = actor.model.buffers
+            assert buffers and all(b.grad_data.untyped_storage().size() == 0 for b in buffers)
+            actor.logits(torch.tensor(batch.tokens[0])[None])  # the rollout's forward passes
+        actor.train_step(batch)
+        assert not actor.offloaded and all(b.grad_data.untyped_storage().size() > 0
+                                           for b in actor.model.buffers)
+        weights[offloaded] = {k: v.clone() for bucket in actor.export_hf() for k, v in bucket}
+    for k, v in weights[False].items():
+        assert torch.equal(v, weights[True][k]), f"{k} differs after an offloaded update"
+    print("OK offload")
+
+
 def load(model_dir, outs):
     from safetensors.torch import load_file
 
@@ -282,6 +311,8 @@ if __name__ == "__main__":
             step(args[0], int(args[1]), int(args[2]), args[3])
         elif command == "load":
             load(args[0], args[1:])
+        elif command == "offload":
+            offload(args[0])
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
