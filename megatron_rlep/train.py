@@ -132,7 +132,8 @@ class Trainer:
         self.monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), is_rank0())
         self.actor = Actor(cfg.model.path, a, dtype=cfg.model.dtype, temperature=r.temperature,
                            seed=cfg.seed, transformer_impl=cfg.model.transformer_impl,
-                           **asdict(cfg.parallel))
+                           **{k: v for k, v in asdict(cfg.parallel).items()
+                              if k != "offload_during_rollout"})  # the trainer's to do
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
