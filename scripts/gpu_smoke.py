@@ -14,7 +14,9 @@
 2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with packed
    sequences and rollout.check_sync=true: after each weight sync the engine's log-probs of a
    fixed sequence must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
-3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics.
+3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics; the peak
+   next to tools/memory_plan.py's prediction for the same shape and settings (their ratio is
+   what a lent GPU measures of the planner), and the update's MFU on a known GPU.
 Prints a summary and writes OUT/smoke.json; exit status 1 when a check fails. --allow-cpu runs
 the same in fp32 without CUDA (what the test suite does with a tiny model).
 
@@ -138,6 +140,8 @@ def random_weights(shape_dir: Path, out: Path) -> str:
 
 def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dict:
     overrides = [f"model.path={model}", f"model.dtype={dtype}", "data.levels=[1,2]",
+                 "data.max_prompt_length=128", "parallel.recompute=selective",
+                 "parallel.logprob_chunk_tokens=64",
                  "data.train_size=16", "data.eval_size=4", "algorithm.total_steps=2",
                  "algorithm.rollouts_per_prompt=4", "algorithm.prompts_per_rollout=4",
                  "algorithm.prompts_per_update=2", "algorithm.warmup_steps=0",
@@ -163,9 +167,46 @@ def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dic
             "time/step_s"]
     result = {k: [r.get(k) for r in rows] for k in keys}
     result["sync_limit"] = limit
+    result["planner"] = planner_against_measured(model, overrides, result)
     result["ok"] = len(rows) == 2 and all(d is not None and d <= limit
                                           for d in result["sync/max_logprob_diff"])
     return result
+
+
+# bf16 dense tensor-core peaks (NVIDIA's data sheets), for MFU
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def planner_against_measured(model: str, overrides: list[str], result: dict) -> dict:
+    """tools/memory_plan.py's update peak for this run's shape and settings (one GPU; with the
+    transformers engine its bf16 model copy added, which the planner leaves to vLLM), the peak
+    the run measured, their ratio, and the update's MFU (6 x parameters x tokens/s)."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import memory_plan
+
+    from megatron_rlep.config import compose
+    from megatron_rlep.rollout import engine_kind
+
+    cfg = compose([o for o in overrides if not o.startswith("run_dir=")])
+    p, longest = cfg.parallel, cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    arch = memory_plan.Arch.from_hf(json.loads((Path(model) / "config.json").read_text()))
+    vllm = cfg.rollout.gpu_memory_utilization if engine_kind("auto") == "vllm" else 0.0
+    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * 2**30
+    plan = memory_plan.plan(arch, 1, 1, 1, p.micro_batch_size * longest,
+                            p.micro_batch_size * cfg.rollout.max_response_length, p.recompute,
+                            False, False, p.bf16_grads, p.logprob_chunk_tokens, vllm, gpu)
+    predicted = plan["update_peak"] + (0.0 if vllm else 2 * arch.params())
+    measured = [m for m in result["perf/peak_memory_gib"] if m is not None]
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    peak = next((f for k, f in PEAK_FLOPS.items() if k in name), None)
+    speed = [t for t in result["perf/update_tokens_per_s"] if t]
+    return {"predicted_update_peak_gib": predicted / 2**30,
+            "measured_peak_gib": max(measured) if measured else None,
+            "ratio": max(measured) * 2**30 / predicted if measured else None,
+            "parameters": arch.params(),
+            "mfu": 6 * arch.params() * max(speed) / peak if peak and speed else None}
 
 
 def main(argv: list[str] | None = None) -> int:
