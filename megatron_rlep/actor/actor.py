@@ -438,8 +438,13 @@ class Actor:
         return bridge.export_hf(self.module, self.hf_config, bucket_bytes)
 
     def save(self, path, extra: dict | None = None):
-        return checkpoint.save(path, self.module, self.optimizer, self.scheduler, self.step, extra,
-                               self.transformer_engine, self.distributed_optimizer)
+        offloaded = self.offloaded  # the optimizer's state is saved from where it trains
+        self.restore()
+        saved = checkpoint.save(path, self.module, self.optimizer, self.scheduler, self.step,
+                                extra, self.transformer_engine, self.distributed_optimizer)
+        if offloaded:
+            self.offload()
+        return saved
 
     def save_weights(self, path, step: int, extra: dict | None = None):
         return checkpoint.save_weights(path, self.module, step, extra, self.transformer_engine)
