@@ -83,7 +83,11 @@ def check(name: str, snapshot: Path) -> tuple[Path, str]:
     from megatron_rlep.data import load_parquet
 
     files = sorted(snapshot.rglob("*.parquet"))
-    pools = [p for p in files if "candidates" in str(pq.read_schema(p).field("reward_model").type)]
+    def is_pool(path):
+        schema = pq.read_schema(path)
+        return "reward_model" in schema.names and "candidates" in str(schema.field("reward_model").type)
+
+    pools = [p for p in files if is_pool(p)]
     if name == "rlep-pool":
         if not pools:
             raise SystemExit(f"error: no parquet file under {snapshot} has "
