@@ -129,9 +129,13 @@ def plot(root: Path, seeds: list[int], arms: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
     from megatron_rlep.paired import validation_records
 
-    fig, axes = plt.subplots(1, len(seeds), figsize=(4.5 * len(seeds), 3.6), sharey=True,
+    columns = min(len(seeds), 5)  # five panels a row
+    rows = -(-len(seeds) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.6 * rows), sharey=True,
                              squeeze=False)
-    for ax, seed in zip(axes[0], seeds):
+    for ax in axes.flat[len(seeds):]:
+        ax.set_visible(False)
+    for ax, seed in zip(axes.flat, seeds):
         out = (root / f"seed-{seed}").resolve()
         for arm in ["baseline", *arms]:
             run = out / ("baseline" if arm == "baseline" else "rlep" if arm == "uniform" else arm)
@@ -142,8 +146,9 @@ def plot(root: Path, seeds: list[int], arms: list[str], path: Path) -> None:
         ax.set_title(f"seed {seed}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out accuracy (128 questions x 2)")
-    axes[0][-1].legend(fontsize=8)
+    for row in axes:
+        row[0].set_ylabel("held-out accuracy (128 questions x 2)")
+    axes.flat[len(seeds) - 1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
