@@ -9,4 +9,6 @@ if ! command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v ap
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge >/dev/null
 fi
-exec python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+# --no-loadscope-reorder: pytest-xdist would send the files with the most tests first; the
+# collection order (tests/conftest.py: the two longest files first) is what balances the workers
+exec python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
