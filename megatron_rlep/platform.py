@@ -9,7 +9,10 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
 1. ``torch.cuda.current_device()`` answers the CPU device, so ``device=current_device()`` lands
    tensors on the CPU.
 2. ``torch.cuda.synchronize()`` is a no-op, and ``torch.cuda.current_stream()`` answers a stream
-   whose waits are no-ops (Megatron-Core 0.19's gradient sync waits on it).
+   whose waits are no-ops (Megatron-Core 0.19's gradient sync waits on it); the MoE all-to-all
+   dispatcher's side stream (it moves its split sizes to the host there) is that stream,
+   ``torch.cuda.stream()`` a null context, and its split sizes become the numpy arrays its
+   all-to-all takes (on a GPU the move to the host makes them so).
 3. The model-parallel RNG tracker forks the CPU generator instead of the CUDA one
    (``CpuRNGStatesTracker``), so ``tracker.fork()`` keeps its meaning; activation recompute's
    save and restore of the CUDA generator's state is a no-op (it saves the CPU one beside it).
@@ -81,16 +84,28 @@ def have_transformer_engine() -> bool:
 
 
 def layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False,
-               transformer_engine: bool | None = None):
+               transformer_engine: bool | None = None, num_experts: int | None = None):
     """Transformer Engine layer specs (by default when TE imports), Megatron-Core's local specs
-    otherwise."""
+    otherwise. ``num_experts``: MoE layers whose experts run one after another (SequentialMLP)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if have_transformer_engine() if transformer_engine is None else transformer_engine:
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=qk_layernorm)
+    if num_experts:
+        _router_without_transformer_engine()
     return gpt_layer_specs.get_gpt_layer_local_spec(
-        normalization=normalization, qk_layernorm=qk_layernorm
-    )
+        num_experts=num_experts, moe_grouped_gemm=False, normalization=normalization,
+        qk_layernorm=qk_layernorm)
+
+
+def _router_without_transformer_engine() -> None:
+    """Megatron-Core 0.16's router names ``te_general_gemm`` only when Transformer Engine imports
+    (a NameError without it, CPU or GPU); 0.19 sets it to None, which selects torch's matmul."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 class _CudaToCpu(TorchFunctionMode):
@@ -162,6 +177,9 @@ class _NoStream:
     def synchronize(self) -> None:
         pass
 
+    def record_event(self, event=None) -> "_NoStream":  # an event that is already complete
+        return self
+
 
 _NO_STREAM = _NoStream()
 _CPU_MODE: _CudaToCpu | None = None
@@ -179,6 +197,21 @@ def install_cpu_shims() -> None:
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     torch.cuda.current_stream = lambda *args, **kwargs: _NO_STREAM  # type: ignore[assignment]
+    # the MoE all-to-all dispatcher copies its split sizes on a side stream: the same no-op
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    from megatron.core.transformer.moe import token_dispatcher
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _NO_STREAM
+    to_host = token_dispatcher.maybe_move_tensor_to_cpu  # split sizes: numpy, as from a GPU
+
+    def to_host_as_from_gpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return to_host(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host_as_from_gpu
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]
     _allow_sequence_parallel_norms()
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
@@ -190,8 +223,10 @@ def install_cpu_shims() -> None:
     _CPU_MODE.__enter__()  # stays active for the life of the process (main thread)
 
 
-def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 1234) -> None:
-    """Start the process group (torchrun's env, or a single process) and Megatron's parallel state."""
+def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 1234,
+                     expert_parallel: int = 1) -> None:
+    """Start the process group (torchrun's env, or a single process) and Megatron's parallel
+    state (experts not split over TP: expert tensor parallel 1)."""
     from megatron.core import parallel_state, tensor_parallel as mp_tensor_parallel
 
     install_cpu_shims()
@@ -211,8 +246,15 @@ def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed:
             f"parallel: tensor_parallel={tensor_parallel} x pipeline_parallel={pipeline_parallel} "
             f"does not divide the world size {world}; pick sizes whose product divides it."
         )
+    if world % (expert_parallel * pipeline_parallel):
+        raise ValueError(
+            f"parallel: expert_parallel={expert_parallel} x pipeline_parallel={pipeline_parallel} "
+            f"does not divide the world size {world}; pick sizes whose product divides it."
+        )
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
+        parallel_state.initialize_model_parallel(
+            tensor_parallel, pipeline_parallel, expert_model_parallel_size=expert_parallel,
+            expert_tensor_parallel_size=1)
     mp_tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
 
@@ -225,26 +267,34 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def clip_grad_norm(parameters, max_norm: float, group=None) -> float:
+def clip_grad_norm(parameters, max_norm: float) -> float:
     """Clip gradients to a global L2 norm across model-parallel ranks; return the norm before.
 
     Tensor-parallel duplicates (layer norms, ``tensor_model_parallel=False`` params) and the
-    last pipeline stage's copy of tied embeddings are counted once, as Megatron-Core does. Used on the CPU, where Megatron's ``clip_grads``
-    asserts CUDA tensors.
+    last pipeline stage's copy of tied embeddings are counted once, as Megatron-Core does; an
+    expert's weights (not all-reduced over data parallel) are summed over the expert-parallel
+    ranks that hold the others. Used on the CPU, where Megatron-Core's ``clip_grads`` asserts
+    CUDA tensors.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
     from megatron.core.transformer.module import param_is_not_shared
 
     params = [p for p in parameters if p.grad is not None]
-    counted = [p for p in params
-               if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
-    norms = torch._foreach_norm([p.grad.detach() for p in counted]) if counted else []
-    square = torch.stack([n.double() for n in norms]).pow(2).sum() if counted \
-        else torch.zeros((), dtype=torch.float64)
-    if dist.is_initialized():
-        group = group or parallel_state.get_model_parallel_group()
-        dist.all_reduce(square, group=group)
+    square = torch.zeros((), dtype=torch.float64)
+    for expert in (False, True):
+        part = [p for p in params if (not getattr(p, "allreduce", True)) == expert]
+        if not expert:
+            part = [p for p in part if param_is_not_tensor_parallel_duplicate(p)
+                    and param_is_not_shared(p)]
+        norms = torch._foreach_norm([p.grad.detach() for p in part]) if part else []
+        partial = torch.stack([n.double() for n in norms]).pow(2).sum() if part \
+            else torch.zeros((), dtype=torch.float64)
+        if dist.is_initialized():
+            group = (parallel_state.get_expert_tensor_model_pipeline_parallel_group() if expert
+                     else parallel_state.get_model_parallel_group())
+            dist.all_reduce(partial, group=group)
+        square += partial
     norm = float(square.sqrt())
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)

@@ -1,10 +1,13 @@
 """The Megatron-Core actor against transformers, across layouts (tests/distributed/actor_cpu.py).
 
-Tiny random Llama (untied embeddings) and Qwen2 (tied, q/k/v biases) checkpoints: logits and
-log-probs equal transformers', the Hugging Face round trip is bit-exact, one optimiser update
-at TP=2, PP=2 and DP=2 matches the single-process one, checkpoints saved on those layouts
-load at TP=1 PP=1 with the same weights, and updates with the gradient buffers offloaded
-between them equal updates without.
+Tiny random checkpoints of every family the bridge maps: Llama (untied embeddings), Llama with
+Llama 3.1's RoPE scaling, Qwen2 (tied, q/k/v biases), Qwen3 (QK norms, a head size apart from
+hidden / heads) and Qwen3-MoE (four experts, two a token; top-k renormalised, and, single
+process only, not). Logits and log-probs equal transformers', the Hugging Face round trip is
+bit-exact, one optimiser update at TP=2, PP=2 and DP=2 (MoE also EP=2, and EP=2 with TP=2;
+MoE at TP=2 with sequence parallelism, as Megatron-Core trains it) matches the single-process
+one, checkpoints saved on those layouts load at TP=1 PP=1 with the same weights, and updates
+with the gradient buffers offloaded between them equal updates without.
 """
 
 import json
@@ -20,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from launch import env, launcher  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "distributed" / "actor_cpu.py"
-LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
+LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "dp2": (1, 1, 1)}  # (tp, pp, ep)
+MOE_LAYOUTS = {**LAYOUTS, "ep2": (1, 1, 2), "ep2tp2": (2, 1, 2)}
 
 
 def run(*args, nproc=1, timeout=600):
@@ -30,7 +34,25 @@ def run(*args, nproc=1, timeout=600):
     return result.stdout
 
 
-FAMILIES = {"llama": "untied", "qwen2": "tied"}
+FAMILIES = {"llama": "untied", "llama3": "untied", "qwen2": "tied", "qwen3": "tied",
+            "qwen3_moe": "untied", "qwen3_moe_raw": "untied"}
+
+
+# the newer dense families run the mapping's checks only; the loss modes, token budgets, packing
+# and shared prompts are the same code for every dense family (llama and qwen2 run them)
+LIGHT = {"llama3", "qwen3"}
+
+
+def mode(kind: str) -> str:
+    return "light" if kind in LIGHT else "full"
+
+
+def layouts(kind: str) -> dict:
+    """The two-process layouts a family runs (qwen3_moe_raw: only its single-process checks)."""
+    return {"qwen3_moe": MOE_LAYOUTS, "qwen3_moe_raw": {}}.get(kind, LAYOUTS)
+
+
+PAIRS = [(kind, name) for kind in FAMILIES for name in layouts(kind)]
 
 
 def chain(*commands):
@@ -41,22 +63,22 @@ def chain(*commands):
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
     """Per family: the model, its single-process update and one run per two-process layout (one
-    process and one torchrun for both families), and the loads of their checkpoints at TP=1."""
+    process and one torchrun for all families), and the loads of their checkpoints at TP=1."""
     root = tmp_path_factory.mktemp("actor")
     out = run(*chain(*[c for kind, tied in FAMILIES.items() for c in (
-        ("make", root / kind / "model", kind, tied), ("step", root / kind / "model", 1, 1,
-                                                      root / kind / "single"))],
+        ("make", root / kind / "model", kind, tied),
+        ("step", root / kind / "model", 1, 1, root / kind / "single", 1, mode(kind)))],
                      ("offload", root / "llama" / "model")))
-    assert out.count("OK step tp=1 pp=1") == 2 and "OK offload" in out, out
-    out = run(*chain(*[("step", root / kind / "model", tp, pp, root / kind / name)
-                       for kind in FAMILIES for name, (tp, pp) in LAYOUTS.items()]), nproc=2)
-    assert out.count("OK step") == 2 * len(LAYOUTS), out
-    loaded = run(*chain(*[("load", root / kind / "model", *(root / kind / n for n in LAYOUTS))
-                          for kind in FAMILIES]))
+    assert out.count("OK step tp=1 pp=1") == len(FAMILIES) and "OK offload" in out, out
+    out = run(*chain(*[("step", root / kind / "model", *layouts(kind)[name][:2], root / kind / name,
+                        layouts(kind)[name][2], mode(kind)) for kind, name in PAIRS]), nproc=2)
+    assert out.count("OK step") == len(PAIRS), out
+    loaded = run(*chain(*[("load", root / kind / "model", *(root / kind / n for n in layouts(kind)))
+                          for kind in FAMILIES if layouts(kind)]))
     return root, loaded
 
 
-@pytest.fixture(params=list(FAMILIES))
+@pytest.fixture(params=[k for k in FAMILIES if layouts(k)])
 def runs(request, families):
     return families[0] / request.param
 
@@ -67,10 +89,11 @@ def _weights(path):
     return load_file(path / "weights.safetensors")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_one_update_matches_single_process(runs, layout):
+@pytest.mark.parametrize("kind, layout", PAIRS)
+def test_one_update_matches_single_process(families, kind, layout):
     from safetensors.torch import load_file
 
+    runs = families[0] / kind
     single, other = _weights(runs / "single"), _weights(runs / layout)
     source = load_file(runs / "model" / "model.safetensors")
     moved = max((single[k] - source[k]).abs().max().item() for k in single)
@@ -86,11 +109,12 @@ def test_one_update_matches_single_process(runs, layout):
 
 
 def test_checkpoints_load_on_another_layout(runs, families):
-    for name in LAYOUTS:
+    for name in layouts(runs.name):
         assert f"OK load {runs / name} " in families[1]
 
 
-@pytest.mark.parametrize("kind, layout, which", [("llama", "tp2", "best"), ("qwen2", "pp2", "step")])
+@pytest.mark.parametrize("kind, layout, which", [("llama", "tp2", "best"), ("qwen2", "pp2", "step"),
+                                                 ("qwen3_moe", "ep2tp2", "step")])
 def test_export_tool_writes_any_saved_step_as_the_actors_own_export(families, kind, layout, which,
                                                                      tmp_path):
     """tools/export_hf.py on one process, from a checkpoint saved at TP 2 or PP 2 (a weights-only
@@ -163,15 +187,21 @@ def test_smollm2_logits_match_transformers():
     assert line[3] == "True" and int(line[5]) > 10, line
 
 
-@pytest.mark.parametrize("layout", ["single", *LAYOUTS])
-def test_hugging_face_export_loads_in_transformers(runs, layout):
+@pytest.mark.parametrize("kind, layout", [(k, "single") for k in FAMILIES] + PAIRS)
+def test_hugging_face_export_loads_in_transformers(families, kind, layout, tmp_path):
+    """transformers loads the export and saves it again as the same tensors (its MoE models
+    hold the experts fused in memory, so the comparison is of what it writes)."""
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    runs = families[0] / kind
     weights = _weights(runs / layout)
     model = AutoModelForCausalLM.from_pretrained(runs / layout / "hf", dtype=torch.float32)
-    state = model.state_dict()
+    model.save_pretrained(tmp_path)
+    saved = {k: v for f in tmp_path.glob("*.safetensors") for k, v in load_file(f).items()}
+    assert saved.keys() == weights.keys()
     for name, tensor in weights.items():
-        assert torch.equal(state[name], tensor), name
+        assert torch.equal(saved[name], tensor), name
     assert not (runs / layout / "hf.partial").exists()
 
 

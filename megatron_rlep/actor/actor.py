@@ -24,8 +24,8 @@ from megatron_rlep import loss as objective
 from megatron_rlep import platform
 from megatron_rlep.actor import attention, bridge, checkpoint, optim
 from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, collate_shared,
-                                       dp_slice, micro_batches, packed_tokens, prompt_groups,
-                                       shared_micro_batches)
+                                       dp_slice, idle, micro_batches, packed_tokens,
+                                       prompt_groups, shared_micro_batches, split_to)
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
@@ -63,13 +63,17 @@ def _use_transformer_engine(impl: str) -> bool:
 
 def build_module(hf_config, tensor_parallel: int, pipeline_parallel: int, dtype: torch.dtype,
                  transformer_engine: bool, recompute: str = "none",
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, expert_parallel: int = 1,
+                 router_aux_loss: float = 0.0):
     """(TransformerConfig, this rank's GPTModel shard) for ``hf_config``, weights not loaded;
     the process group and Megatron's parallel state must be set up."""
     config = bridge.transformer_config(hf_config, tensor_parallel, pipeline_parallel, dtype,
                                        cpu=not platform.has_cuda(), recompute=recompute,
-                                       sequence_parallel=sequence_parallel)
-    spec = platform.layer_spec(transformer_engine=transformer_engine)
+                                       sequence_parallel=sequence_parallel,
+                                       expert_parallel=expert_parallel,
+                                       router_aux_loss=router_aux_loss)
+    spec = platform.layer_spec(transformer_engine=transformer_engine,
+                               **bridge.spec_options(hf_config))
     if not transformer_engine:
         spec = attention.with_sdpa(spec)
     return config, bridge.gpt_model(hf_config, config, spec).to(platform.device())
@@ -85,7 +89,8 @@ class Actor:
                  max_tokens_per_micro_batch: int = 0, recompute: str = "none",
                  bf16_grads: bool = False, logprob_chunk_tokens: int = 0,
                  sequence_parallel: bool = False, share_prompts: bool = False,
-                 pack_sequences: bool = False):
+                 pack_sequences: bool = False, expert_parallel: int = 1,
+                 router_aux_loss: float = 0.0):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -95,7 +100,7 @@ class Actor:
 
         self.hf_path = resolve_model_path(model_path)  # a missing checkpoint: one sentence, first
         try:
-            platform.init_distributed(tensor_parallel, pipeline_parallel, seed)
+            platform.init_distributed(tensor_parallel, pipeline_parallel, seed, expert_parallel)
         except ValueError as err:  # parallel sizes that do not fit the ranks started
             raise RunError(str(err)) from None
         self.hf_config = AutoConfig.from_pretrained(self.hf_path)
@@ -114,8 +119,12 @@ class Actor:
             raise RunError("parallel.share_prompts needs an attention mask of any shape, which the "
                            "Transformer Engine layers do not take here: set "
                            "model.transformer_impl=local or parallel.share_prompts=false")
-        config, model = build_module(self.hf_config, tensor_parallel, pipeline_parallel, self.dtype,
-                                     use_te, recompute, sequence_parallel)
+        try:
+            config, model = build_module(self.hf_config, tensor_parallel, pipeline_parallel,
+                                         self.dtype, use_te, recompute, sequence_parallel,
+                                         expert_parallel, router_aux_loss)
+        except bridge.ModelError as err:
+            raise RunError(f"model.path={model_path}: {err}") from None
         bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
         self.share_prompts = share_prompts
         self.pack_sequences = pack_sequences
@@ -179,19 +188,29 @@ class Actor:
         )
 
     def _micros(self, batch: SequenceBatch) -> list:
+        """This rank's micro-batches. With expert parallelism every data-parallel rank runs as
+        many (the experts' all-to-all pairs the ranks' forward passes up): micro-batches are
+        split, and idle ones (no loss token) added, up to the most any rank has."""
+        groups = self._micro_indices(batch, self.dp_rank)
+        target = len(groups)
+        if self.config.expert_model_parallel_size > 1 and self.dp_size > 1:
+            target = max(len(self._micro_indices(batch, r)) for r in range(self.dp_size))
+            groups = split_to(groups, target)
+        collate_one = collate_shared if self.share_prompts else \
+            collate_packed if self.pack_sequences else collate
+        micros = [collate_one(batch, index, self.device, self._pad_multiple) for index in groups]
+        return micros + [idle(micros[-1])] * (target - len(micros))
+
+    def _micro_indices(self, batch: SequenceBatch, dp_rank: int) -> list[list[int]]:
         lengths = [len(t) for t in batch.tokens]
         if not self.share_prompts:
-            mine = dp_slice(lengths, self.dp_rank, self.dp_size)
-            pack = self.pack_sequences
-            return [(collate_packed if pack else collate)(batch, index, self.device,
-                                                          self._pad_multiple)
-                    for index in micro_batches(mine, lengths, self.micro_batch_size,
-                                               self.max_tokens_per_micro_batch, pack)]
+            mine = dp_slice(lengths, dp_rank, self.dp_size)
+            return micro_batches(mine, lengths, self.micro_batch_size,
+                                 self.max_tokens_per_micro_batch, self.pack_sequences)
         units = [(m, packed_tokens(batch, m)) for m in prompt_groups(batch)]
-        mine = dp_slice(lengths, self.dp_rank, self.dp_size, units)
-        return [collate_shared(batch, index, self.device, self._pad_multiple)
-                for index in shared_micro_batches(batch, mine, self.micro_batch_size,
-                                                  self.max_tokens_per_micro_batch)]
+        mine = dp_slice(lengths, dp_rank, self.dp_size, units)
+        return shared_micro_batches(batch, mine, self.micro_batch_size,
+                                    self.max_tokens_per_micro_batch)
 
     def _rotary_at_positions(self, module, args, output):
         """Forward hook of the rotary embedding: for a packed micro-batch, the embedding [s, 1, 1,

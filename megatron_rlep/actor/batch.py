@@ -26,6 +26,7 @@ loss-mask position to its row of the packed hidden states.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -97,6 +98,17 @@ def micro_batches(indices: list[int], lengths: list[int], micro_batch_size: int,
                 current.append(i)
                 continue
         out.append([i])
+    return out
+
+
+def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
+    """``groups`` (micro-batches) cut until there are ``count`` of them or each holds one
+    sequence: the one with the most sequences is halved first (its longest half first)."""
+    out = [list(g) for g in groups]
+    while len(out) < count and any(len(g) > 1 for g in out):
+        i = max(range(len(out)), key=lambda k: (len(out[k]), -k))
+        half = (len(out[i]) + 1) // 2
+        out[i:i + 1] = [out[i][:half], out[i][half:]]
     return out
 
 
@@ -262,3 +274,11 @@ def _to(micro: MicroBatch, device: torch.device) -> MicroBatch:
         if value is not None:
             setattr(micro, key, value.to(device))
     return micro
+
+
+def idle(mb: MicroBatch) -> MicroBatch:
+    """A micro-batch of ``mb``'s shape with no loss token and no sequence: a forward and backward
+    pass that changes no result (expert parallelism needs every rank to run as many)."""
+    return dataclasses.replace(
+        mb, index=[], loss_mask=torch.zeros_like(mb.loss_mask),
+        hidden_index=None if mb.hidden_index is None else mb.hidden_index[:0])

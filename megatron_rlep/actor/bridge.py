@@ -121,8 +121,22 @@ LLAMA = {
     "decoder.layers.{i}.mlp.linear_fc2.weight": Copy(_LAYER + "mlp.down_proj.weight"),
 }
 QWEN2 = LLAMA  # same Hugging Face names; the q/k/v biases are always present (config below)
+QWEN3 = {  # Llama's names plus a per-head RMSNorm of queries and keys
+    **LLAMA,
+    "decoder.layers.{i}.self_attention.q_layernorm.weight": Copy(_LAYER + "self_attn.q_norm.weight"),
+    "decoder.layers.{i}.self_attention.k_layernorm.weight": Copy(_LAYER + "self_attn.k_norm.weight"),
+}
+_EXPERT = _LAYER + "mlp.experts.{e}."
+QWEN3_MOE = {  # every layer's MLP a router and experts (Megatron's SequentialMLP names)
+    **QWEN3,
+    "decoder.layers.{i}.mlp.router.weight": Copy(_LAYER + "mlp.gate.weight"),
+    "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight": GateUp(
+        _EXPERT + "gate_proj.weight", _EXPERT + "up_proj.weight"),
+    "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight": Copy(
+        _EXPERT + "down_proj.weight"),
+}
 
-FAMILIES = {"llama": LLAMA, "qwen2": QWEN2}
+FAMILIES = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "qwen3_moe": QWEN3_MOE}
 
 # Transformer Engine fuses layer norms into the next linear layer: map its names to local ones.
 TE_ALIASES = {
@@ -147,30 +161,92 @@ RECOMPUTE = {
 }
 
 
+def unsupported(hf_config, expert_parallel: int = 1) -> str | None:
+    """Why the actor cannot build ``hf_config`` faithfully, naming the config field, or None."""
+    c, kind = hf_config, hf_config.model_type
+    rope = rope_parameters(c)
+    if rope["rope_type"] == "llama3":
+        fixed = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}  # Megatron-Core's llama3 scaling
+        wrong = [k for k, v in fixed.items() if float(rope.get(k, v)) != v]
+        if wrong:
+            return (f"rope_scaling {wrong[0]}={rope[wrong[0]]} differs from the Llama 3.1 value "
+                    f"{fixed[wrong[0]]} that Megatron-Core's llama3 RoPE scaling fixes; use a "
+                    "checkpoint with Llama 3.1's RoPE settings")
+    elif rope["rope_type"] != "default":
+        return (f"rope_scaling of type {rope['rope_type']!r} is not supported (default and llama3 "
+                "are); use a checkpoint without it")
+    if getattr(c, "mlp_bias", False):
+        return "mlp_bias=true is not supported; use a checkpoint without MLP biases"
+    if getattr(c, "use_sliding_window", False):
+        return "use_sliding_window=true is not supported; use a checkpoint with full attention"
+    if kind == "qwen3_moe":
+        if list(getattr(c, "mlp_only_layers", None) or []) or c.decoder_sparse_step != 1:
+            return ("mlp_only_layers and decoder_sparse_step != 1 (dense layers among the MoE "
+                    "ones) are not supported; use a checkpoint whose every layer is MoE")
+        if c.num_experts % expert_parallel:
+            return (f"parallel.expert_parallel={expert_parallel} must divide the model's "
+                    f"{c.num_experts} experts; pick a divisor")
+    elif expert_parallel > 1:
+        return (f"parallel.expert_parallel={expert_parallel} needs a mixture-of-experts model "
+                f"and {kind} has no experts; set parallel.expert_parallel=1")
+    return None
+
+
+def _moe_settings(c, expert_parallel: int, router_aux_loss: float) -> dict:
+    """Megatron-Core MoE settings equal to a Qwen3-MoE block: softmax router, top-k (renormalised
+    when ``norm_topk_prob``: Megatron's top-k-then-softmax; else softmax-then-top-k), experts
+    one after another on this rank (SequentialMLP: the local specs' and any platform's), tokens
+    to the experts' ranks by all-to-all, experts not split over TP (expert TP 1)."""
+    if c.model_type != "qwen3_moe":
+        return {}
+    return dict(
+        num_moe_experts=c.num_experts, moe_router_topk=c.num_experts_per_tok,
+        moe_ffn_hidden_size=c.moe_intermediate_size, moe_router_pre_softmax=not c.norm_topk_prob,
+        moe_router_score_function="softmax", moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=False, expert_model_parallel_size=expert_parallel,
+        expert_tensor_parallel_size=1, moe_aux_loss_coeff=router_aux_loss,
+        moe_router_load_balancing_type="aux_loss" if router_aux_loss else "none")
+
+
+def spec_options(hf_config) -> dict:
+    """The layer-spec options ``hf_config`` needs (``platform.layer_spec``'s keywords)."""
+    kind = hf_config.model_type
+    return {"qk_layernorm": kind in ("qwen3", "qwen3_moe"),
+            "num_experts": hf_config.num_experts if kind == "qwen3_moe" else None}
+
+
 def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
                        dtype: torch.dtype, cpu: bool, recompute: str = "none",
-                       sequence_parallel: bool = False):
-    """Megatron-Core ``TransformerConfig`` equivalent to a Llama/Qwen2 Hugging Face config.
+                       sequence_parallel: bool = False, expert_parallel: int = 1,
+                       router_aux_loss: float = 0.0):
+    """Megatron-Core ``TransformerConfig`` equivalent to a Hugging Face config of a family above.
     ``recompute``: none; selective (core attention recomputed in the backward pass, Megatron's
     default modules); full (only each layer's input kept, the layer recomputed).
-    ``sequence_parallel`` (with TP > 1) splits the norms' and residuals' activations over TP."""
+    ``sequence_parallel`` (with TP > 1) splits the norms' and residuals' activations over TP.
+    ``expert_parallel`` spreads a MoE model's experts over that many ranks; ``router_aux_loss``
+    is the router's load-balancing loss coefficient (0: off, the RL default)."""
     from megatron.core.transformer import TransformerConfig
 
     family(hf_config)
     c = hf_config
     heads, groups = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    if rope_parameters(c).get("rope_type", "default") != "default" or getattr(c, "mlp_bias", False):
-        raise ModelError(f"{c.model_type} configs with RoPE scaling or mlp_bias are not supported; "
-                         "use a checkpoint without them")
+    problem = unsupported(c, expert_parallel)
+    if problem:
+        raise ModelError(f"{c.model_type}: {problem}")
     if heads % tensor_parallel or groups % tensor_parallel:
-        raise ModelError(f"parallel.tp={tensor_parallel} must divide the model's {heads} attention "
-                         f"heads and {groups} key/value heads; pick a divisor")
+        raise ModelError(f"parallel.tensor_parallel={tensor_parallel} must divide the model's "
+                         f"{heads} attention heads and {groups} key/value heads; pick a divisor")
     if c.num_hidden_layers % pipeline_parallel:
-        raise ModelError(f"parallel.pp={pipeline_parallel} must divide the model's "
+        raise ModelError(f"parallel.pipeline_parallel={pipeline_parallel} must divide the model's "
                          f"{c.num_hidden_layers} layers; pick a divisor")
+    if c.model_type == "qwen3_moe" and tensor_parallel > 1 and not sequence_parallel:
+        raise ModelError(f"a mixture-of-experts model at parallel.tensor_parallel="
+                         f"{tensor_parallel} needs parallel.sequence_parallel=true (Megatron-Core's "
+                         "MoE layer trains only so)")
     if c.vocab_size % tensor_parallel:
-        raise ModelError(f"parallel.tp={tensor_parallel} must divide the vocabulary size "
-                         f"{c.vocab_size}; pick a divisor")
+        raise ModelError(f"parallel.tensor_parallel={tensor_parallel} must divide the vocabulary "
+                         f"size {c.vocab_size}; pick a divisor")
     qkv_bias = c.model_type == "qwen2" or bool(getattr(c, "attention_bias", False))
     config = TransformerConfig(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
@@ -178,6 +254,7 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         num_query_groups=groups, kv_channels=getattr(c, "head_dim", None) or c.hidden_size // heads,
         normalization="RMSNorm", layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True,
         activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=qkv_bias,
+        qk_layernorm=spec_options(c)["qk_layernorm"],
         bias_activation_fusion=True, masked_softmax_fusion=False, apply_rope_fusion=False,
         bias_dropout_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
         # perform_initialization also tags each weight's TP split (partition_dim) on the CPU path
@@ -188,7 +265,7 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         sequence_parallel=sequence_parallel and tensor_parallel > 1,
         calculate_per_token_loss=True,
         cuda_graph_scope=[],  # the default "full" only warns that it is deprecated
-        **RECOMPUTE[recompute],
+        **RECOMPUTE[recompute], **_moe_settings(c, expert_parallel, router_aux_loss),
     )
     # Micro-batches are padded to their own length, so pipeline stages exchange shapes. Set
     # after construction: the constructor's check on this flag concerns MoE dispatchers only.
@@ -201,14 +278,21 @@ def gpt_model(hf_config, config, layer_spec):
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    return GPTModel(
+    rope = rope_parameters(hf_config)
+    model = GPTModel(
         config=config, transformer_layer_spec=layer_spec, vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-        position_embedding_type="rope", rotary_base=float(rope_parameters(hf_config)["rope_theta"]),
+        position_embedding_type="rope", rotary_base=float(rope["rope_theta"]),
+        rope_scaling=rope["rope_type"] == "llama3",
+        rope_scaling_factor=float(rope.get("factor", 8.0)),
     )
+    for name, param in model.named_parameters():
+        if ".local_experts." in name:  # Megatron tags them so only at expert parallel > 1
+            param.allreduce = False  # an expert's: reduced over the expert data-parallel group
+    return model
 
 
 def rope_parameters(hf_config) -> dict:
@@ -223,28 +307,44 @@ def rope_parameters(hf_config) -> dict:
 
 
 def _global_name(model, local_name: str) -> str:
-    """``decoder.layers.<local>.x`` -> ``decoder.layers.{global}.x``, TE names aliased."""
+    """``decoder.layers.<local>.x`` -> ``decoder.layers.{global}.x``, a local expert's index ->
+    the global one, TE names aliased."""
     m = re.match(r"decoder\.layers\.(\d+)\.(.+)", local_name)
     if not m:
         return local_name
     layer = model.decoder.layers[int(m.group(1))]
     rest = TE_ALIASES.get(m.group(2), m.group(2))
+    expert = re.match(r"mlp\.experts\.local_experts\.(\d+)\.(.+)", rest)
+    if expert:
+        index = layer.mlp.local_expert_indices[int(expert.group(1))]
+        rest = f"mlp.experts.local_experts.{index}.{expert.group(2)}"
     return f"decoder.layers.{layer.layer_number - 1}.{rest}"
 
 
 def _rule(table: dict, global_name: str):
-    m = re.match(r"decoder\.layers\.(\d+)\.(.+)", global_name)
-    key, index = (f"decoder.layers.{{i}}.{m.group(2)}", m.group(1)) if m else (global_name, None)
+    layer = re.match(r"decoder\.layers\.(\d+)\.", global_name)
+    expert = re.search(r"\.local_experts\.(\d+)\.", global_name)
+    key = global_name
+    if layer:
+        key = key.replace(layer.group(0), "decoder.layers.{i}.", 1)
+    if expert:
+        key = key.replace(expert.group(0), ".local_experts.{e}.", 1)
     if key not in table:
         raise ModelError(f"Megatron-Core parameter {global_name} has no entry in the conversion "
                          "table; extend the family's table in megatron_rlep/actor/bridge.py")
     rule = table[key]
-    if index is None:
-        return rule
-    return type(rule)(*(n.replace("{i}", index) for n in rule.names()))
+    fill = {"{i}": layer.group(1) if layer else "", "{e}": expert.group(1) if expert else ""}
+    return type(rule)(*(re.sub(r"\{[ie]\}", lambda m: fill[m.group(0)], n) for n in rule.names()))
+
+
+def _is_expert(param) -> bool:
+    """An expert's weight (tagged in ``gpt_model``): whole on its expert-parallel rank."""
+    return not getattr(param, "allreduce", True)
 
 
 def _tp_dim(param) -> int | None:
+    if _is_expert(param):  # experts are whole on their rank (expert tensor parallel 1)
+        return None
     return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
 
 
@@ -278,7 +378,8 @@ class SafetensorsReader:
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
-            raise ModelError(f"the checkpoint has no tensor {name}; is it a Llama/Qwen2 checkpoint?")
+            raise ModelError(f"the checkpoint has no tensor {name}; is it a checkpoint of a "
+                             f"family in megatron_rlep/actor/bridge.py ({', '.join(FAMILIES)})?")
         return self._where[name].get_tensor(name)
 
 
@@ -297,7 +398,9 @@ def load_hf_weights(model, hf_config, get: Callable[[str], torch.Tensor]) -> Non
             name = "embedding.word_embeddings.weight"
         rule = _rule(table, name)
         tensors = [get(n) for n in rule.names()]
-        shard = rule.to_mcore(tensors, cfg, tp_rank, tp_size, _tp_dim(param))
+        whole = _is_expert(param)  # expert tensor parallel 1
+        shard = rule.to_mcore(tensors, cfg, 0 if whole else tp_rank, 1 if whole else tp_size,
+                              _tp_dim(param))
         if shard.shape != param.shape:
             raise ModelError(f"{rule.names()[0]} has shape {tuple(tensors[0].shape)} which does not "
                              f"fit {name} {tuple(param.shape)}; the config and weights disagree")
@@ -307,14 +410,16 @@ def load_hf_weights(model, hf_config, get: Callable[[str], torch.Tensor]) -> Non
 # ----------------------------------------------------------------------------- export
 
 
-def _export_plan(model) -> list[tuple[int, str, str, torch.Size, int | None]]:
-    """Every exported parameter of the whole model: (pp rank, local name, global name,
-    full shape, tp dim), the same list in the same order on every rank."""
+def _export_plan(model) -> list[tuple[int, int | None, str, str, torch.Size, int | None]]:
+    """Every exported parameter of the whole model: (pp rank, expert-parallel rank of an
+    expert's weight else None, local name, global name, full shape, tp dim), the same list in
+    the same order on every rank."""
     from megatron.core import parallel_state
 
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    mine = []
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    dense, experts = [], []
     for local_name, param in model.named_parameters():
         if _is_tied_output(model, local_name):
             continue
@@ -322,7 +427,16 @@ def _export_plan(model) -> list[tuple[int, str, str, torch.Size, int | None]]:
         shape = list(param.shape)
         if dim is not None:
             shape[dim] *= tp_size
-        mine.append((pp_rank, local_name, _global_name(model, local_name), torch.Size(shape), dim))
+        expert = _is_expert(param)
+        (experts if expert else dense).append(
+            (pp_rank, ep_rank if expert else None, local_name, _global_name(model, local_name),
+             torch.Size(shape), dim))
+    ep_size = parallel_state.get_expert_model_parallel_world_size()
+    if ep_size > 1:
+        ranks = [None] * ep_size
+        dist.all_gather_object(ranks, experts, group=parallel_state.get_expert_model_parallel_group())
+        experts = [entry for rank in ranks for entry in rank]
+    mine = dense + experts
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     if pp_size == 1:
         return mine
@@ -345,10 +459,15 @@ def export_hf(model, hf_config, bucket_bytes: int = 256 << 20
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     dtype = cfg.params_dtype
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    ep_group = parallel_state.get_expert_model_parallel_group()
+    device = next(iter(params.values())).device
     bucket, size = [], 0
-    for owner, local_name, name, full_shape, dim in _export_plan(model):
+    for owner, ep_owner, local_name, name, full_shape, dim in _export_plan(model):
         rule = _rule(table, name)
-        if owner == pp_rank:
+        if owner == pp_rank and ep_owner not in (None, ep_rank):  # another rank's expert
+            full = torch.empty(full_shape, dtype=dtype, device=device)
+        elif owner == pp_rank:
             shard = params[local_name].detach()
             if tp_size > 1 and dim is not None:
                 shards = [torch.empty_like(shard) for _ in range(tp_size)]
@@ -358,7 +477,9 @@ def export_hf(model, hf_config, bucket_bytes: int = 256 << 20
                 shards = [shard]
             full = torch.cat(shards, dim) if dim is not None else shards[0]
         else:
-            full = torch.empty(full_shape, dtype=dtype, device=next(iter(params.values())).device)
+            full = torch.empty(full_shape, dtype=dtype, device=device)
+        if owner == pp_rank and ep_owner is not None and dist.get_world_size(ep_group) > 1:
+            dist.broadcast(full, src=dist.get_global_rank(ep_group, ep_owner), group=ep_group)
         if parallel_state.get_pipeline_model_parallel_world_size() > 1:
             src = dist.get_global_rank(pp_group, owner)
             dist.broadcast(full, src=src, group=pp_group)

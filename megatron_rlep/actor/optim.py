@@ -84,7 +84,9 @@ def step(optimizer, grad_clip: float) -> tuple[float, float, bool]:
                 clip_grad_by_total_norm_fp32(params, max_norm=grad_clip, total_norm=norm,
                                              use_decoupled_grad=decoupled)
     else:
-        norm = platform.clip_grad_norm(optimizer.get_parameters(), grad_clip)
+        parts = getattr(optimizer, "chained_optimizers", [optimizer])  # dense, experts
+        norm = platform.clip_grad_norm([p for part in parts for p in part.get_parameters()],
+                                       grad_clip)
         if not math.isfinite(norm):
             return norm, lr, False
     optimizer.step_with_ready_grads()

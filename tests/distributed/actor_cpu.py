@@ -1,7 +1,7 @@
 """The actor on one layout, run alone or under torchrun (tests/test_actor.py drives it).
 
-    actor_cpu.py make MODEL_DIR llama|qwen2 tied|untied
-    actor_cpu.py step MODEL_DIR TP PP OUT     # checks, one update, save
+    actor_cpu.py make MODEL_DIR KIND tied|untied   # KIND: see make()
+    actor_cpu.py step MODEL_DIR TP PP OUT [EP [full|light]]  # checks, one update, save
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
     actor_cpu.py offload MODEL_DIR            # two updates with the buffers offloaded between
 
@@ -21,7 +21,9 @@ prompts (``share_prompts``: each prompt packed once per row) and packed sequence
 (``pack_sequences``: the THD layout, sequences end to end) give transformers' log-probs and the
 plain actor's gradients (with sequence parallelism at TP > 1), and an update that takes its old
 log-probs from its own forward pass gives the gradients of one handed the same log-probs.
-Every check raises; the last line printed by rank 0 is "OK ...".
+``light`` (a family's mapping: the newer dense families) skips those mechanics and keeps
+the comparison with transformers, the round trip, the update, the saves and, at TP > 1, sequence
+parallelism. Every check raises; the last line printed by rank 0 is "OK ...".
 """
 
 import dataclasses
@@ -36,14 +38,29 @@ VOCAB = 256
 
 
 def make(path, kind, tied):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    """A tiny random checkpoint of ``kind``: llama, llama3 (RoPE scaling of type llama3), qwen2,
+    qwen3 (QK norms, head size 24 apart from hidden / heads), qwen3_moe (four experts, two a
+    token, top-k renormalised) or qwen3_moe_raw (the same, top-k not renormalised)."""
+    import transformers as tf
 
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   rms_norm_eps=1e-6, tie_word_embeddings=tied == "tied", rope_theta=5000.0)
-    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common)
+    # Llama 3.1's scaling; a base of 5e5 puts the head's frequencies on both sides of its bands
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    moe = dict(head_dim=24, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    config = {
+        "llama": lambda: tf.LlamaConfig(**common),
+        "llama3": lambda: tf.LlamaConfig(**{**common, "rope_parameters": llama3,
+                                            "max_position_embeddings": 131072}),
+        "qwen2": lambda: tf.Qwen2Config(**common),
+        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=24),
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(**common, **moe, norm_topk_prob=True),
+        "qwen3_moe_raw": lambda: tf.Qwen3MoeConfig(**common, **moe, norm_topk_prob=False),
+    }[kind]()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)  # norms and biases random too, so a wrong mapping shows
@@ -103,13 +120,17 @@ def reference_logp(model_dir, batch):
     return out, model
 
 
-def step(model_dir, tp, pp, out):
+def step(model_dir, tp, pp, out, ep=1, mode="full"):
     from safetensors.torch import load_file, save_file
 
     from megatron_rlep.actor.actor import Actor
 
-    out = Path(out)
-    actor = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3)
+    out, full = Path(out), mode == "full"
+    # Megatron-Core's MoE layer trains at TP > 1 only with sequence parallelism
+    moe_sp = tp > 1 and json.loads((Path(model_dir) / "config.json").read_text())[
+        "model_type"].endswith("_moe")
+    actor = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3, expert_parallel=ep,
+                  sequence_parallel=moe_sp)
     rank = dist.get_rank() if dist.is_initialized() else 0
     batch = fixed_batch(lambda b: reference_logp(model_dir, b)[0])
     expected, hf_model = reference_logp(model_dir, batch)
@@ -147,48 +168,49 @@ def step(model_dir, tp, pp, out):
         save_file(weights, str(out / "weights.safetensors"))
         torch.save(logits, out / "logits.pt")
         (out / "metrics.json").write_text(json.dumps(metrics))
-    # verl's seq-mean modes, exact over the same micro-batches of 3 and DP shares; only now,
-    # as the exported tensors above share storage with the weights these updates change
-    for mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg=mode)
+    if full:  # the mechanics: loss modes, token budgets, recompute and chunks
+        # verl's seq-mean modes, exact over the same micro-batches of 3 and DP shares; only now,
+        # as the exported tensors above share storage with the weights these updates change
+        for mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+            actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg=mode)
+            now, _ = actor.logprobs(batch)
+            reported = actor.train_step(batch)["loss"]
+            per_seq = [objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0]
+                       for lp, old, adv in zip(now, batch.old_logp, batch.advantages)]
+            per_seq = [t.mean() if mode == "seq-mean-token-mean" else t.sum() for t in per_seq]
+            expected = (sum(per_seq) / len(per_seq)).item()
+            assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), (mode, reported, expected)
+        # a token budget per micro-batch (as long as the longest sequence: it goes alone, shorter
+        # ones share) regroups the micro-batches; log-probs and the token-mean loss stay the same
+        actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg="token-mean")
+        plain, _ = actor.logprobs(batch)
+        actor.max_tokens_per_micro_batch = max(len(t) for t in batch.tokens)
         now, _ = actor.logprobs(batch)
+        assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
         reported = actor.train_step(batch)["loss"]
-        per_seq = [objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0]
-                   for lp, old, adv in zip(now, batch.old_logp, batch.advantages)]
-        per_seq = [t.mean() if mode == "seq-mean-token-mean" else t.sum() for t in per_seq]
-        expected = (sum(per_seq) / len(per_seq)).item()
-        assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), (mode, reported, expected)
-    # a token budget per micro-batch (as long as the longest sequence: it goes alone, shorter
-    # ones share) regroups the micro-batches; log-probs and the token-mean loss stay the same
-    actor.algorithm = dataclasses.replace(actor.algorithm, loss_agg="token-mean")
-    plain, _ = actor.logprobs(batch)
-    actor.max_tokens_per_micro_batch = max(len(t) for t in batch.tokens)
-    now, _ = actor.logprobs(batch)
-    assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
-    reported = actor.train_step(batch)["loss"]
-    expected = (sum(objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0].sum()
-                    for lp, old, adv in zip(now, batch.old_logp, batch.advantages)) /
-                sum(len(lp) for lp in now)).item()
-    assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), ("budget", reported, expected)
-    # the memory settings change no number: with full recompute and log-probs taken 5 response
-    # tokens at a time (each chunk recomputed in backward), log-probs and gradients stay the same
-    plain, plain_grads = actor.logprobs(batch)[0], gradients(actor, batch)
-    config = actor.config
-    config.recompute_granularity, config.recompute_method, config.recompute_num_layers = \
-        "full", "uniform", 1
-    actor.logprob_chunk_tokens = 5
-    now, _ = actor.logprobs(batch)
-    assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
-    diff = max((a - b).abs().max().item() for a, b in zip(gradients(actor, batch), plain_grads))
-    assert diff < 1e-5, f"gradients differ by {diff} with full recompute and log-prob chunks"
-    if tp > 1:  # sequence parallelism: transformers' log-probs, and a plain actor's gradients
+        expected = (sum(objective.policy_token_loss(lp, old, adv, 0.2, 0.28, 3.0)[0].sum()
+                        for lp, old, adv in zip(now, batch.old_logp, batch.advantages)) /
+                    sum(len(lp) for lp in now)).item()
+        assert abs(reported - expected) < 1e-5 * max(1.0, abs(expected)), ("budget", reported, expected)
+        # the memory settings change no number: with full recompute and log-probs taken 5 response
+        # tokens at a time (each chunk recomputed in backward), log-probs and gradients stay the same
+        plain, plain_grads = actor.logprobs(batch)[0], gradients(actor, batch)
+        config = actor.config
+        config.recompute_granularity, config.recompute_method, config.recompute_num_layers = \
+            "full", "uniform", 1
+        actor.logprob_chunk_tokens = 5
+        now, _ = actor.logprobs(batch)
+        assert all((a - b).abs().max() < 1e-5 for a, b in zip(now, plain))
+        diff = max((a - b).abs().max().item() for a, b in zip(gradients(actor, batch), plain_grads))
+        assert diff < 1e-5, f"gradients differ by {diff} with full recompute and log-prob chunks"
+    if tp > 1 and not moe_sp:  # sequence parallelism: transformers' log-probs, a plain actor's gradients
         from megatron.core import parallel_state
 
         grads = []
         for sequence_parallel in (False, True):
             parallel_state.destroy_model_parallel()
             fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3,
-                          sequence_parallel=sequence_parallel)
+                          sequence_parallel=sequence_parallel, expert_parallel=ep)
             grads.append(gradients(fresh, batch))
         assert fresh.config.sequence_parallel
         now, _ = fresh.logprobs(batch)
@@ -196,42 +218,43 @@ def step(model_dir, tp, pp, out):
         assert all((a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
         diff = max((a - b).abs().max().item() for a, b in zip(*grads))
         assert diff < 1e-5, f"gradients differ by {diff} with sequence parallelism"
-    from megatron.core import parallel_state
+    if full:  # shared prompts, packed sequences, old log-probs from the update's forward
+        from megatron.core import parallel_state
 
-    grouped = grouped_batch(lambda b: reference_logp(model_dir, b)[0])
-    reference = reference_logp(model_dir, grouped)[0]
-    grads = []
-    for mode in ("plain", "pack", "share"):
-        parallel_state.destroy_model_parallel()
-        fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3,
-                      share_prompts=mode == "share", pack_sequences=mode == "pack",
-                      sequence_parallel=mode != "plain" and tp > 1)
-        grads.append(gradients(fresh, grouped))
-        micros = fresh._micros(grouped)
-        assert all((m.attention_mask is not None) == (mode == "share") and
-                   (m.cu_seqlens is not None) == (mode == "pack") for m in micros)
-        now, _ = fresh.logprobs(grouped)
-        assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
-        diff = max((a - b).abs().max().item() for a, b in zip(grads[0], grads[-1]))
-        assert diff < 1e-5, f"gradients differ by {diff} with {mode}"
-        if mode == "pack":  # a budget of the longest sequence's tokens regroups the rows
-            fresh.max_tokens_per_micro_batch = max(map(len, grouped.tokens))
-            assert len(fresh._micros(grouped)) > len(micros)
-            diff = max((a - b).abs().max().item() for a, b in zip(grads[0], gradients(fresh, grouped)))
-            assert diff < 1e-5, f"gradients differ by {diff} with packed rows under a token budget"
-    # before a step's first update the old log-probs may come from the update's own forward
-    # (train_step without old_logp): the same gradients, and those log-probs handed back
-    from megatron_rlep.actor.batch import SequenceBatch
+        grouped = grouped_batch(lambda b: reference_logp(model_dir, b)[0])
+        reference = reference_logp(model_dir, grouped)[0]
+        grads = []
+        for mode in ("plain", "pack", "share"):
+            parallel_state.destroy_model_parallel()
+            fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3, expert_parallel=ep,
+                          share_prompts=mode == "share", pack_sequences=mode == "pack",
+                          sequence_parallel=(mode != "plain" or moe_sp) and tp > 1)
+            grads.append(gradients(fresh, grouped))
+            micros = fresh._micros(grouped)
+            assert all((m.attention_mask is not None) == (mode == "share") and
+                       (m.cu_seqlens is not None) == (mode == "pack") for m in micros)
+            now, _ = fresh.logprobs(grouped)
+            assert all(a.shape == b.shape and (a - b).abs().max() < 1e-4 for a, b in zip(now, reference))
+            diff = max((a - b).abs().max().item() for a, b in zip(grads[0], grads[-1]))
+            assert diff < 1e-5, f"gradients differ by {diff} with {mode}"
+            if mode == "pack":  # a budget of the longest sequence's tokens regroups the rows
+                fresh.max_tokens_per_micro_batch = max(map(len, grouped.tokens))
+                assert len(fresh._micros(grouped)) > len(micros)
+                diff = max((a - b).abs().max().item() for a, b in zip(grads[0], gradients(fresh, grouped)))
+                assert diff < 1e-5, f"gradients differ by {diff} with packed rows under a token budget"
+        # before a step's first update the old log-probs may come from the update's own forward
+        # (train_step without old_logp): the same gradients, and those log-probs handed back
+        from megatron_rlep.actor.batch import SequenceBatch
 
-    on_policy = SequenceBatch(grouped.tokens, grouped.prompt_lengths, grouped.advantages, now)
-    fused = SequenceBatch(grouped.tokens, grouped.prompt_lengths, grouped.advantages)
-    diff = max((a - b).abs().max().item()
-               for a, b in zip(gradients(fresh, on_policy), gradients(fresh, fused)))
-    assert diff < 1e-5, f"gradients differ by {diff} with old log-probs from the update's forward"
-    fresh.train_step(fused)
-    assert all((a - b).abs().max() < 1e-5 for a, b in zip(fresh.fused_old_logp, now))
+        on_policy = SequenceBatch(grouped.tokens, grouped.prompt_lengths, grouped.advantages, now)
+        fused = SequenceBatch(grouped.tokens, grouped.prompt_lengths, grouped.advantages)
+        diff = max((a - b).abs().max().item()
+                   for a, b in zip(gradients(fresh, on_policy), gradients(fresh, fused)))
+        assert diff < 1e-5, f"gradients differ by {diff} with old log-probs from the update's forward"
+        fresh.train_step(fused)
+        assert all((a - b).abs().max() < 1e-5 for a, b in zip(fresh.fused_old_logp, now))
     if rank == 0:
-        print(f"OK step tp={tp} pp={pp} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
+        print(f"OK step tp={tp} pp={pp} ep={ep} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
 
 def gradients(actor, batch):
@@ -308,7 +331,7 @@ if __name__ == "__main__":
         if command == "make":
             make(*args)
         elif command == "step":
-            step(args[0], int(args[1]), int(args[2]), args[3])
+            step(args[0], int(args[1]), int(args[2]), args[3], *map(int, args[4:5]), *args[5:])
         elif command == "load":
             load(args[0], args[1:])
         elif command == "offload":
