@@ -114,6 +114,9 @@ class AlgorithmConfig:
     # an update whose gradient norm is not finite is skipped (actor/skipped_updates); this many
     # in a row stop the run with a checkpoint of the weights before them (0: never stop)
     max_skipped_updates: int = 3
+    # a mixture-of-experts model's router load-balancing loss coefficient (0: off, as RL
+    # trainers run it; the checkpoint's router_aux_loss_coef is for pre-training)
+    router_aux_loss: float = 0.0
     total_steps: int = 400
 
 
@@ -156,6 +159,9 @@ class ParallelConfig:
     bf16_grads: bool = False
     logprob_chunk_tokens: int = 0
     sequence_parallel: bool = False  # with TP > 1: norms' and residuals' activations split too
+    # a mixture-of-experts model's experts spread over this many ranks (whole experts: expert
+    # TP 1); at TP > 1 a MoE model needs sequence_parallel (Megatron-Core's MoE layer)
+    expert_parallel: int = 1
     # each prompt once per micro-batch row, followed by its sequences' responses (local layer
     # specs only; megatron_rlep/actor/batch.py): the same numbers, the prompt computed once
     share_prompts: bool = False
@@ -330,6 +336,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
+    "parallel.expert_parallel": (1, None), "algorithm.router_aux_loss": (0.0, None),
     "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None),
     "parallel.logprob_chunk_tokens": (0, None), "data.train_size": (1, None),
     "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),

@@ -28,7 +28,7 @@ import random
 import shutil
 import signal
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -48,7 +48,7 @@ from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
-from megatron_rlep.rollout import encode_prompt, generate_sharded, make_engine
+from megatron_rlep.rollout import encode_prompt, generate_sharded, make_engine, training_engine
 from megatron_rlep.verifier import Verifier
 
 
@@ -132,12 +132,14 @@ class Trainer:
         self.monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), is_rank0())
         self.actor = Actor(cfg.model.path, a, dtype=cfg.model.dtype, temperature=r.temperature,
                            seed=cfg.seed, transformer_impl=cfg.model.transformer_impl,
+                           router_aux_loss=a.router_aux_loss,
                            **{k: v for k, v in asdict(cfg.parallel).items()
                               if k != "offload_during_rollout"})  # the trainer's to do
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
+        r = replace(r, engine=training_engine(r.engine, self.actor.hf_path))
         self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
                                   cfg.data.max_prompt_length + max(r.max_response_length,
                                                                    self._validation()["max_tokens"]))

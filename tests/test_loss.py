@@ -100,6 +100,20 @@ def test_micro_batches_by_count_or_by_a_token_budget():
     assert micro_batches([7, 2, 5], lengths, 2, 1000) == [[2, 5], [7]]  # only this rank's share
 
 
+def test_expert_parallel_ranks_get_as_many_micro_batches_by_splitting_then_idling():
+    from megatron_rlep.actor.batch import SequenceBatch, collate, idle, split_to
+
+    # the largest is halved first (its first half keeps the longer sequences), ties to the first
+    assert split_to([[0, 1, 2], [3]], 3) == [[0, 1], [2], [3]]
+    assert split_to([[0, 1], [2, 3]], 4) == [[0], [1], [2], [3]]
+    assert split_to([[0], [1]], 5) == [[0], [1]]  # single sequences: idle ones make up the rest
+    assert split_to([[0, 1, 2, 3]], 1) == [[0, 1, 2, 3]]
+    mb = collate(SequenceBatch([[1, 2, 3, 4], [5, 6, 7]], [2, 1]), [0, 1], torch.device("cpu"), 1)
+    empty = idle(mb)
+    assert empty.index == [] and not empty.loss_mask.any() and mb.loss_mask.sum() == 4
+    assert torch.equal(empty.tokens, mb.tokens)  # the same forward pass, no loss token
+
+
 def _grouped():
     from megatron_rlep.actor.batch import SequenceBatch
 

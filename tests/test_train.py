@@ -368,3 +368,37 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
                                                          "pool.py"), "stats", str(live)],
                                    capture_output=True, text=True, timeout=300)
             assert stats.returncode == 0 and "questions" in stats.stdout, stats.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {f: tiny.make_model(root / f, f) for f in ("llama3", "qwen3", "qwen3_moe")}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("family, layout", [
+    ("llama3", []), ("qwen3", []), ("qwen3_moe", ["parallel.expert_parallel=2"])])
+def test_each_model_family_takes_rlep_steps(assets, family_models, tmp_path, family, layout):
+    """A step with replays per family: the dense ones on vLLM (its log-probs after the weight
+    sync equal the actor's), Qwen3-MoE with its experts over two ranks on the transformers
+    engine (auto picks it: vLLM's CPU backend reloads MoE weights inexactly)."""
+    model = family_models[family]
+    result = train((model, assets[1]), tmp_path / "run", *layout, nproc=2 if layout else 1,
+                   steps=1, engine="vllm" if not layout else "auto")
+    check_batches(tmp_path / "run", model, assets[1], steps=1)
+    if layout:
+        assert "using the transformers engine: vLLM's CPU backend reloads a mixture-of-experts" \
+            in result.stdout
+
+
+def test_vllm_for_training_a_moe_model_on_a_cpu_stops_in_one_sentence(family_models):
+    from megatron_rlep.config import RunError
+    from megatron_rlep.rollout import training_engine
+
+    if training_engine("auto", str(family_models["qwen3"])) != "vllm":
+        pytest.skip("vLLM does not import here")
+    with pytest.raises(RunError, match=r"^rollout.engine=vllm: vLLM's CPU backend reloads a "
+                                       r"mixture-of-experts model's weights inexactly"):
+        training_engine("vllm", str(family_models["qwen3_moe"]))
+    assert training_engine("transformers", str(family_models["qwen3_moe"])) == "transformers"

@@ -82,14 +82,17 @@ class TransformersEngine:
         """Copy Hugging Face-named tensors (buckets of ``(name, tensor)``) into the model;
         every parameter must be covered. Returns the number of tensors loaded."""
         params = dict(self.model.named_parameters())
+        slots = {}
+        for key, param in params.items():
+            slots.update(_slots(key, param))
         loaded = set()
         for bucket in buckets:
             for name, tensor in bucket:
-                if name not in params:
+                if name not in slots:
                     raise KeyError(f"the rollout model has no parameter {name}")
-                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+                slots[name].copy_(tensor.to(slots[name].device, slots[name].dtype))
                 loaded.add(name)
-        missing = params.keys() - loaded
+        missing = slots.keys() - loaded
         if missing:
             raise KeyError(f"weight sync left {len(missing)} parameters stale, e.g. {sorted(missing)[:3]}")
         return len(loaded)
@@ -135,3 +138,18 @@ class _PickLogprobs(StoppingCriteria):
 
     def result(self) -> torch.Tensor:
         return torch.stack(self.columns, 1) if self.columns else torch.zeros(0, 0)
+
+
+def _slots(key: str, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{checkpoint name: the view of ``param`` it fills}. transformers holds a mixture-of-experts
+    layer's experts fused (``experts.gate_up_proj`` [E, 2I, H], gate rows first, and
+    ``experts.down_proj`` [E, H, I]); checkpoints name each expert's projections."""
+    prefix, _, leaf = key.rpartition(".")
+    if not prefix.endswith(".experts") or param.dim() != 3:
+        return {key: param}
+    if leaf == "down_proj":
+        return {f"{prefix}.{e}.down_proj.weight": param[e] for e in range(len(param))}
+    half = param.shape[1] // 2
+    return {f"{prefix}.{e}.{kind}_proj.weight": param[e, rows]
+            for e in range(len(param))
+            for kind, rows in (("gate", slice(0, half)), ("up", slice(half, None)))}

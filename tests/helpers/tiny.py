@@ -1,7 +1,7 @@
-"""Tiny models and pools for trainer tests: a random 2-layer Llama with SmolLM2's tokenizer (so
+"""Tiny models and pools for trainer tests: a random 2-layer Llama (or another family) with SmolLM2's tokenizer (so
 chat templates, EOS and replays tokenise for real) and an RLEP-release-format pool parquet.
 
-    python tests/helpers/tiny.py model DIR
+    python tests/helpers/tiny.py model DIR [FAMILY]
     python tests/helpers/tiny.py pool FILE.parquet TRAIN_SIZE LEVELS SEED
 """
 
@@ -10,21 +10,35 @@ import sys
 from pathlib import Path
 
 
-def make_model(out: str | Path) -> Path:
+def make_model(out: str | Path, family: str = "llama") -> Path:
+    """A random 2-layer model of ``family`` with SmolLM2's tokenizer: llama, llama3 (Llama 3.1's
+    RoPE scaling), qwen3 (QK norms, head size 64 apart from hidden / heads) or qwen3_moe (four
+    experts, two a token)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    import transformers as tf
 
     from megatron_rlep.builtin_model import resolve_model_path
 
     out = Path(out)
     source = Path(resolve_model_path("smollm2-135m"))
     # head size 32: the smallest vLLM's CPU attention takes; 2 heads divide TP 2
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2, rope_theta=100000.0)
+    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=2, rope_theta=100000.0)
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = {
+        "llama": lambda: tf.LlamaConfig(**common),
+        "llama3": lambda: tf.LlamaConfig(**{**common, "rope_parameters": llama3,
+                                            "max_position_embeddings": 131072}),
+        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=64),
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(**common, head_dim=64, moe_intermediate_size=64,
+                                               num_experts=4, num_experts_per_tok=2,
+                                               norm_topk_prob=True),
+    }[family]()
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "chat_template.jinja"):
         if (source / name).is_file():
@@ -75,7 +89,7 @@ def with_sampled_logprobs(release: str | Path, out: str | Path, model: str | Pat
 
 if __name__ == "__main__":
     if sys.argv[1] == "model":
-        make_model(sys.argv[2])
+        make_model(sys.argv[2], *sys.argv[3:4])
     else:
         make_pool(sys.argv[2], int(sys.argv[3]), [int(x) for x in sys.argv[4].split(",")],
                   int(sys.argv[5]))
