@@ -16,7 +16,7 @@ def test_terms_by_hand():
     # h 4, 2 layers, 2 heads of width 2, 1 key/value head, FFN 8, vocabulary 10, untied
     arch = memory_plan.Arch(4, 2, 2, 1, 2, 8, 10, False)
     # a layer: qkv 4 x 8 + bias 8, output 4 x 4, MLP 3 x 4 x 8, two norms 4 + 4 = 160
-    assert arch.layer_params() == 160
+    assert arch.dense_layer_params() == 160
     assert arch.params() == 2 * 160 + 2 * 40 + 4  # embedding and output layer, final norm
     ctx, asleep = memory_plan.CUDA_CONTEXT, memory_plan.VLLM_ASLEEP
     nccl, frag = memory_plan.NCCL, memory_plan.FRAGMENTATION
@@ -70,6 +70,37 @@ def test_paper_presets_fit_an_80_gib_gpu(preset):
     unplanned = plan("parallel.max_tokens_per_micro_batch=0", "parallel.logprob_chunk_tokens=0",
                      "parallel.micro_batch_size=8")
     assert unplanned.returncode == 1 and "DOES NOT FIT" in unplanned.stdout, unplanned.stdout
+
+
+def test_moe_terms_by_hand():
+    # hidden 4, 2 layers, 2 heads of 2, 1 kv head, vocab 10, untied; 4 experts of FFN 3, 2 a token
+    arch = memory_plan.Arch(4, 2, 2, 1, 2, 8, 10, False, experts=4, topk=2, expert_ffn=3)
+    # q 4, kv 4: qkv 32 + bias 8 + output 16 + router 4 x 4 + norms 8; an expert 3 x 4 x 3
+    assert (arch.dense_layer_params(), arch.expert_params()) == (80, 36)
+    assert arch.params() == 2 * (80 + 4 * 36) + 2 * 40 + 4
+    r = memory_plan.plan(arch, tp=1, pp=1, dp=4, tokens=10, response_tokens=6, ep=2)
+    dense, experts = 2 * 80 + 40 + 40, 2 * 2 * 36  # two experts a layer on this rank
+    assert r["weights"] == 2 * (dense + experts)
+    # Adam: dense state over dp 4, the experts' over the expert data-parallel ranks (4 / 2)
+    assert r["optimizer"] == 12 * (dense / 4 + experts / 2)
+    # per token and layer: norms 4h = 16, q/k/v/out 2h + 2k = 12, MLP: 2 experts x (3 x 3 FFN
+    # + 3 x 4 dispatcher copies) + 2 x 4 router probabilities (fp32) = 50; 2 bytes each
+    assert r["activations"] == 2 * (16 + 12 + 50) * 2 * 10
+
+
+def test_a_moe_preset_gets_a_layout_that_fits_two_nodes():
+    def plan(*args):
+        return subprocess.run([sys.executable, str(REPO / "tools" / "memory_plan.py"),
+                               "experiment=rlep_qwen25_math_7b", "model=qwen3-30b-a3b",
+                               "--nodes", "2", *args], capture_output=True, text=True, timeout=120)
+
+    first = plan()
+    assert first.returncode == 1 and "30.53B parameters (128 experts, 8 a token" in first.stdout
+    layout = first.stdout.split("a layout that fits (its plan: add these overrides): ")[1]
+    overrides = layout.splitlines()[0].split()
+    assert "parallel.expert_parallel=16" in overrides, first.stdout
+    second = plan(*overrides)
+    assert second.returncode == 0 and "fits" in second.stdout.split("peak ")[-1], second.stdout
 
 
 def test_checkpoint_disk_plan_by_hand():

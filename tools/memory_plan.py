@@ -55,11 +55,15 @@ NCCL = 2.0 * GIB
 NCCL_NVLS = 6.0 * GIB
 FRAGMENTATION = 2.0 * GIB
 LOGIT_BYTES = 24
-# name: (hidden, layers, heads, kv heads, head dim, ffn, vocab, tied embeddings)
+# name: (hidden, layers, heads, kv heads, head dim, ffn, vocab, tied embeddings[, experts,
+# experts a token, an expert's ffn]), from each model's config.json
 ARCHS = {
     "smollm2-135m": (576, 30, 9, 3, 64, 1536, 49152, True),
     "qwen2.5-7b": (3584, 28, 28, 4, 128, 18944, 152064, False),  # Qwen2.5-Math-7B too
     "qwen2.5-32b": (5120, 64, 40, 8, 128, 27648, 152064, False),
+    "qwen3-8b": (4096, 36, 32, 8, 128, 12288, 151936, False),
+    "llama-3.1-8b": (4096, 32, 32, 8, 128, 14336, 128256, False),
+    "qwen3-30b-a3b": (2048, 48, 32, 4, 128, 6144, 151936, False, 128, 8, 768),
 }
 
 
@@ -73,24 +77,37 @@ class Arch:
     ffn: int
     vocab: int
     tied: bool
+    experts: int = 0  # a mixture-of-experts model's experts per layer (0: dense)
+    topk: int = 0  # experts a token goes to
+    expert_ffn: int = 0  # an expert's FFN width
 
     @classmethod
     def from_hf(cls, config: dict) -> "Arch":
         heads = config["num_attention_heads"]
+        experts = config.get("num_experts") or config.get("num_local_experts") or 0
         return cls(config["hidden_size"], config["num_hidden_layers"], heads,
                    config.get("num_key_value_heads") or heads,
                    config.get("head_dim") or config["hidden_size"] // heads,
                    config["intermediate_size"], config["vocab_size"],
-                   bool(config.get("tie_word_embeddings")))
+                   bool(config.get("tie_word_embeddings")), experts,
+                   config.get("num_experts_per_tok", 0) if experts else 0,
+                   config.get("moe_intermediate_size", 0) if experts else 0)
 
-    def layer_params(self) -> int:
+    def dense_layer_params(self) -> int:
+        """A layer's parameters but the experts: qkv (+bias), output, two norms, and the gated
+        MLP or the router."""
         q, kv = self.heads * self.head_dim, 2 * self.kv_heads * self.head_dim
-        return self.hidden * (q + kv) + (q + kv) + q * self.hidden + 3 * self.hidden * self.ffn \
-            + 2 * self.hidden  # qkv (+bias), output, gated MLP, two norms
+        mlp = self.hidden * self.experts if self.experts else 3 * self.hidden * self.ffn
+        return self.hidden * (q + kv) + (q + kv) + q * self.hidden + mlp + 2 * self.hidden
+
+    def expert_params(self) -> int:
+        """One expert's gated MLP."""
+        return 3 * self.hidden * self.expert_ffn
 
     def params(self) -> int:
         embed = self.vocab * self.hidden
-        return self.layers * self.layer_params() + embed * (1 if self.tied else 2) + self.hidden
+        layer = self.dense_layer_params() + self.experts * self.expert_params()
+        return self.layers * layer + embed * (1 if self.tied else 2) + self.hidden
 
 
 def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: int,
@@ -98,18 +115,27 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
          distributed_optimizer: bool = True,
          bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
          gpu_bytes: float = 80 * GIB, rollout_tp: int = 1, nvls: bool = False,
-         offload: bool = False) -> dict:
+         offload: bool = False, ep: int = 1) -> dict:
     """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
-    1F1B, pp micro-batches in flight), and the rollout and update peaks."""
+    1F1B, pp micro-batches in flight), and the rollout and update peaks. A MoE model's experts
+    are whole on their rank (expert TP 1): ``experts/ep`` of them a layer, their optimizer state
+    divided over the expert data-parallel ranks (tp x dp / ep)."""
     h, f = arch.hidden, arch.ffn
     k = arch.kv_heads * arch.head_dim
     embed = arch.vocab * h
-    shard = (arch.layers // pp * arch.layer_params() + embed) / tp  # stage 0 holds the embedding
+    dense = (arch.layers // pp * arch.dense_layer_params() + embed) / tp  # stage 0: the embedding
     if pp == 1 and not arch.tied:
-        shard += embed / tp  # and the output layer
+        dense += embed / tp  # and the output layer
+    experts = arch.layers // pp * arch.experts // ep * arch.expert_params()
+    shard = dense + experts
     sp = tp if sequence_parallel and tp > 1 else 1
     replicated = 4 * h / sp
-    split = (2 * h + 2 * k + 3 * f) / tp
+    if arch.experts:  # a token's topk experts' MLP activations, the dispatcher's three copies
+        # of the token (permuted, exchanged, to unpermute) and its fp32 router probabilities
+        mlp = (arch.topk * (3 * arch.expert_ffn + 3 * h) + 2 * arch.experts) / tp
+    else:
+        mlp = 3 * f / tp
+    split = (2 * h + 2 * k) / tp + mlp
     per_token_layer = 2 * (replicated + split)
     layers = arch.layers // pp
     if recompute == "full":
@@ -122,7 +148,8 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
     terms = {
         "weights": 2 * shard,
         "gradients": (2 if bf16_grads else 4) * shard,
-        "optimizer": 12 * shard / (dp if distributed_optimizer else 1),
+        "optimizer": 12 * (dense / dp + experts / max(tp * dp // ep, 1)
+                           if distributed_optimizer else shard),
         "activations": kept * tokens * in_flight,
         "logits": rows * arch.vocab / tp * LOGIT_BYTES if output_layer else 0.0,
         "output_wgrad": arch.vocab / tp * h * 4 if output_layer else 0.0,
@@ -162,6 +189,34 @@ def arch_for(model_path: str, name: str | None) -> Arch:
     return Arch(*ARCHS[key])
 
 
+def fitting_layout(arch: Arch, world: int, gpus_per_node: int, longest: int,
+                   settings: dict, spare: float = 6 * GIB) -> list[str] | None:
+    """The overrides of the fitting layout with the fewest model-parallel GPUs (TP within a
+    node; then the largest EP), with ``spare`` left, full recompute, sequence parallelism at
+    TP > 1, offload during rollout and log-probs in 2048-token chunks; None when none fits."""
+    divisors = [d for d in (1, 2, 4, 8, 16, 32, 64) if world % d == 0]
+    candidates = []
+    for tp in (d for d in divisors if d <= gpus_per_node):
+        for pp in (d for d in divisors if arch.layers % d == 0 and world % (tp * d) == 0):
+            for ep in [d for d in divisors if world % (d * pp) == 0 and arch.experts % d == 0] \
+                    if arch.experts else [1]:
+                for rollout_tp in (d for d in divisors if d <= gpus_per_node and
+                                   arch.kv_heads % d == 0):
+                    candidates.append((tp * pp, -ep, rollout_tp, tp, pp, ep))
+    for _, _, rollout_tp, tp, pp, ep in sorted(candidates):
+        r = plan(arch, tp, pp, world // (tp * pp), recompute="full", sequence_parallel=tp > 1,
+                 distributed_optimizer=world > tp * pp, logprob_chunk=2048,
+                 rollout_tp=rollout_tp, offload=True, ep=ep, **settings)
+        vllm_ok = not settings["vllm_utilization"] or (r["vllm_starts"] and r["kv_tokens"] >= longest)
+        if r["peak"] + spare <= settings["gpu_bytes"] and vllm_ok:
+            return [f"parallel.tensor_parallel={tp}", f"parallel.pipeline_parallel={pp}",
+                    *([f"parallel.expert_parallel={ep}"] if arch.experts else []),
+                    f"parallel.sequence_parallel={str(tp > 1).lower()}", "parallel.recompute=full",
+                    "parallel.offload_during_rollout=true", "parallel.logprob_chunk_tokens=2048",
+                    f"rollout.tensor_parallel={rollout_tp}"]
+    return None
+
+
 def table(result: dict) -> list[tuple[str, float]]:
     order = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
              "cuda_context", "nccl", "fragmentation", "vllm_rollout", "vllm_weights",
@@ -193,9 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         fail(err)
     p = cfg.parallel
     world = args.nodes * args.gpus_per_node
-    if world % (p.tensor_parallel * p.pipeline_parallel):
+    if world % (p.tensor_parallel * p.pipeline_parallel) or world % (p.expert_parallel *
+                                                                     p.pipeline_parallel):
         raise SystemExit(f"error: {world} GPUs do not split into tp={p.tensor_parallel} x "
-                         f"pp={p.pipeline_parallel}; pick sizes that divide the GPU count")
+                         f"pp={p.pipeline_parallel} (and ep={p.expert_parallel} x pp); pick sizes "
+                         "that divide the GPU count")
     dp = world // (p.tensor_parallel * p.pipeline_parallel)
     longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
     tokens = p.micro_batch_size * longest  # a budget still lets one longest sequence through
@@ -204,11 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     response = tokens * cfg.rollout.max_response_length // longest
     arch = arch_for(cfg.model.path, args.arch)
     vllm = cfg.rollout.gpu_memory_utilization if cfg.rollout.engine != "transformers" else 0.0
-    result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, tokens, response,
-                  p.recompute, p.sequence_parallel, dp > 1, p.bf16_grads,
-                  p.logprob_chunk_tokens, vllm, args.gpu_gib * GIB, cfg.rollout.tensor_parallel,
-                  args.nvls, p.offload_during_rollout)
-    print(f"{arch.params() / 1e9:.2f}B parameters, {world} GPUs of {args.gpu_gib:g} GiB: "
+    settings = dict(tokens=tokens, response_tokens=response, bf16_grads=p.bf16_grads,
+                    vllm_utilization=vllm, gpu_bytes=args.gpu_gib * GIB, nvls=args.nvls)
+    result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, recompute=p.recompute,
+                  sequence_parallel=p.sequence_parallel, distributed_optimizer=dp > 1,
+                  logprob_chunk=p.logprob_chunk_tokens, rollout_tp=cfg.rollout.tensor_parallel,
+                  offload=p.offload_during_rollout, ep=p.expert_parallel, **settings)
+    moe = (f" ({arch.experts} experts, {arch.topk} a token, ep={p.expert_parallel})"
+           if arch.experts else "")
+    print(f"{arch.params() / 1e9:.2f}B parameters{moe}, {world} GPUs of {args.gpu_gib:g} GiB: "
           f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}; longest micro-batch "
           f"{tokens} tokens ({response} response tokens); recompute={p.recompute}, "
           f"sequence_parallel={p.sequence_parallel}, bf16_grads={p.bf16_grads}, logprob_chunk_tokens={p.logprob_chunk_tokens}, "
@@ -236,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     if vllm and result["kv_tokens"] < longest:
         print("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence in its share; "
               "raise rollout.tensor_parallel or rollout.gpu_memory_utilization")
+    if not fits:
+        found = fitting_layout(arch, world, args.gpus_per_node, longest, settings)
+        print("a layout that fits (its plan: add these overrides): " + " ".join(found)
+              if found else "no layout of tp, pp, ep, recompute and offload fits: more GPUs")
     from megatron_rlep.actor.checkpoint import disk_plan, human
 
     log = cfg.logging
