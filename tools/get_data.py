@@ -45,6 +45,15 @@ ASSETS = {
     "qwen2.5-math-7b": Asset("Qwen/Qwen2.5-Math-7B", "model",
                              ("*.json", "*.safetensors", "*.txt", "tokenizer*", "*.model"),
                              "QWEN_MATH_7B", "the paper's base model (15 GB)"),
+    "qwen3-8b": Asset("Qwen/Qwen3-8B", "model", ("*.json", "*.safetensors", "*.txt", "tokenizer*"),
+                      "QWEN3_8B", "Qwen3-8B, dense (16 GB)"),
+    "qwen3-30b-a3b": Asset("Qwen/Qwen3-30B-A3B", "model",
+                           ("*.json", "*.safetensors", "*.txt", "tokenizer*"), "QWEN3_30B_A3B",
+                           "Qwen3-30B-A3B, 128 experts (61 GB)"),
+    "llama-3.1-8b": Asset("meta-llama/Llama-3.1-8B", "model",
+                          ("*.json", "*.safetensors", "tokenizer*"), "LLAMA_31_8B",
+                          "Llama-3.1-8B (16 GB; a gated repository: accept its licence on the "
+                          "hub and log in with huggingface-cli first)"),
     "dapo-math-17k": Asset("BytedTsinghua-SIA/DAPO-Math-17k", "dataset", ("*.parquet",),
                            "DAPO_MATH_17K", "the paper's training set (about 17k questions)"),
     "rlep-pool": Asset("Kwai-Klear/RLEP_dataset", "dataset", ("*.parquet",), "RLEP_POOL",
@@ -66,10 +75,12 @@ def check(name: str, snapshot: Path) -> tuple[Path, str]:
     if ASSETS[name].kind == "model":
         from transformers import AutoConfig, AutoTokenizer
 
-        from megatron_rlep.actor.bridge import family
+        from megatron_rlep.actor.bridge import family, unsupported
 
         config = AutoConfig.from_pretrained(snapshot)
         family(config)  # a family the actor cannot map stops here, naming it
+        if problem := unsupported(config):
+            raise SystemExit(f"error: {snapshot}: {config.model_type}: {problem}")
         AutoTokenizer.from_pretrained(snapshot)
         shards = sorted(snapshot.glob("*.safetensors"))
         if not shards:
