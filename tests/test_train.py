@@ -373,12 +373,12 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
 @pytest.fixture(scope="module")
 def family_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    return {f: tiny.make_model(root / f, f) for f in ("llama3", "qwen3", "qwen3_moe")}
+    return {f: tiny.make_model(root / f, f) for f in ("llama3", "qwen2", "qwen3", "qwen3_moe")}
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("family, layout", [
-    ("llama3", []), ("qwen3", []), ("qwen3_moe", ["parallel.expert_parallel=2"])])
+    ("llama3", []), ("qwen2", []), ("qwen3", []), ("qwen3_moe", ["parallel.expert_parallel=2"])])
 def test_each_model_family_takes_rlep_steps(assets, family_models, tmp_path, family, layout):
     """A step with replays per family: the dense ones on vLLM (its log-probs after the weight
     sync equal the actor's), Qwen3-MoE with its experts over two ranks on the transformers

@@ -12,7 +12,7 @@ from pathlib import Path
 
 def make_model(out: str | Path, family: str = "llama") -> Path:
     """A random 2-layer model of ``family`` with SmolLM2's tokenizer: llama, llama3 (Llama 3.1's
-    RoPE scaling), qwen3 (QK norms, head size 64 apart from hidden / heads) or qwen3_moe (four
+    RoPE scaling), qwen2, qwen3 (QK norms, head size 64 apart from hidden / heads) or qwen3_moe (four
     experts, two a token)."""
     import torch
     import transformers as tf
@@ -32,6 +32,7 @@ def make_model(out: str | Path, family: str = "llama") -> Path:
         "llama": lambda: tf.LlamaConfig(**common),
         "llama3": lambda: tf.LlamaConfig(**{**common, "rope_parameters": llama3,
                                             "max_position_embeddings": 131072}),
+        "qwen2": lambda: tf.Qwen2Config(**common),
         "qwen3": lambda: tf.Qwen3Config(**common, head_dim=64),
         "qwen3_moe": lambda: tf.Qwen3MoeConfig(**common, head_dim=64, moe_intermediate_size=64,
                                                num_experts=4, num_experts_per_tok=2,
