@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -17,20 +18,23 @@ def test_quickstart_prints_its_first_answer_within_30_seconds_and_a_pass_rate():
     start = time.monotonic()
     # one thread: the suite's other worker has the other core (two threads each on two cores
     # made its small generation steps wait on each other tenfold)
-    proc = subprocess.Popen([sys.executable, "-m", "megatron_rlep.quickstart",
-                             "hydra.run.dir=/tmp/megatron_rlep_quickstart"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if re.match(r"  (CORRECT|wrong  ) pred=", line):
-            first = time.monotonic() - start
-            break
-    else:
-        pytest.fail(f"no answer printed; stderr: {proc.stderr.read()[-3000:]}")
-    rest, err = proc.communicate(timeout=600)
-    out = "".join(lines) + rest
+    # stderr to a file, and stdout read line by line to its end: communicate() after a partial
+    # read would skip the lines the text wrapper had already buffered
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "megatron_rlep.quickstart",
+                                 "hydra.run.dir=/tmp/megatron_rlep_quickstart"],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+        lines, first = [], None
+        for line in proc.stdout:
+            lines.append(line)
+            if first is None and re.match(r"  (CORRECT|wrong  ) pred=", line):
+                first = time.monotonic() - start
+        proc.wait(timeout=600)
+        stderr.seek(0)
+        err = stderr.read()
+    out = "".join(lines)
+    assert first is not None, f"no answer printed; stderr: {err[-3000:]}"
     assert proc.returncode == 0, err[-3000:]
     assert first < 30, f"the first answer took {first:.0f} s"
     verdicts = re.findall(r"^  (CORRECT|wrong  ) pred=", out, flags=re.M)
