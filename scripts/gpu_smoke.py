@@ -11,6 +11,7 @@
    nats apart on average in bf16 (1e-4 in fp32).
    The NaN guard: an update whose advantages are NaN (so its gradients are) is skipped and
    leaves the weights as they were (Megatron-Core's own step would apply it in bf16).
+   The same parity checks on a small random Qwen3-MoE (Megatron-Core's MoE layer and router).
 2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with packed
    sequences and rollout.check_sync=true: after each weight sync the engine's log-probs of a
    fixed sequence must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
@@ -119,6 +120,31 @@ def packing_parity(actor, tokenizer, dtype: str) -> dict:
     mean = (sum(d.sum() for d in diffs) / sum(len(d) for d in diffs)).item()
     return {"packed_vs_padded_mean": mean, "packed_vs_padded_max": max(d.max().item() for d in diffs),
             "ok": mean <= (0.02 if dtype == "bfloat16" else 1e-4)}
+
+
+def moe_model(tokenizer_dir: str, out: Path) -> str:
+    """A small random Qwen3-MoE (8 experts, 2 a token, QK norms) with ``tokenizer_dir``'s
+    tokenizer: the MoE layer, its router and the dispatcher on this device."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
+
+    from megatron_rlep.builtin_model import resolve_model_path
+
+    source = Path(resolve_model_path(tokenizer_dir))
+    vocab = len(AutoTokenizer.from_pretrained(source))
+    config = Qwen3MoeConfig(vocab_size=(vocab + 127) // 128 * 128, hidden_size=256,
+                            intermediate_size=512, moe_intermediate_size=128, num_experts=8,
+                            num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                            max_position_embeddings=2048)
+    torch.manual_seed(1234)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
+            shutil.copy(f, out / f.name)
+    return str(out)
 
 
 def random_weights(shape_dir: Path, out: Path) -> str:
@@ -234,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
               "transformer_engine": platform.transformer_engine_unavailable() or "used",
               "parity": logprob_parity(args.model, dtype)}
     print(f"log-prob parity ({dtype}): {json.dumps(report['parity'])}", flush=True)
+    report["moe_parity"] = logprob_parity(moe_model(args.model, args.out / "moe"), dtype)
+    print(f"Qwen3-MoE log-prob parity ({dtype}): {json.dumps(report['moe_parity'])}", flush=True)
     report["steps"] = two_steps(args.model, dtype, args.out / "run", entropy_coef)
     print(f"two RL steps: {json.dumps(report['steps'])}", flush=True)
-    report["ok"] = report["parity"]["ok"] and report["steps"]["ok"]
+    report["ok"] = report["parity"]["ok"] and report["moe_parity"]["ok"] and report["steps"]["ok"]
     (args.out / "smoke.json").write_text(json.dumps(report, indent=1))
     print("SMOKE OK" if report["ok"] else "SMOKE FAILED", flush=True)
     return 0 if report["ok"] else 1

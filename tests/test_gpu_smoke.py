@@ -30,6 +30,7 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     assert report["parity"]["actor_vs_fp32_mean"] <= 1e-4 and report["parity"]["tokens"] > 20
     assert report["parity"]["packing"]["packed_vs_padded_max"] <= 1e-4  # THD against padded
     assert report["parity"]["nan_guard"] == {"skipped": True, "weights_unchanged": True, "ok": True}
+    assert report["moe_parity"]["ok"] and report["moe_parity"]["actor_vs_fp32_mean"] <= 1e-4
     steps = report["steps"]
     assert len(steps["sync/max_logprob_diff"]) == 2
     assert all(d <= 1e-3 for d in steps["sync/max_logprob_diff"])
