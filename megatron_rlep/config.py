@@ -173,6 +173,9 @@ class ParallelConfig:
     # bf16, the optimizer's master weights and Adam state wait in host memory (verl's offload):
     # room for vLLM's KV cache; tools/memory_plan.py counts it
     offload_during_rollout: bool = False
+    # Megatron's distributed optimizer: Adam's state and the fp32 master weights sharded over
+    # the data-parallel ranks (ZeRO-1); null: on a GPU with data parallelism, else off
+    distributed_optimizer: Optional[bool] = None
 
 
 @dataclass

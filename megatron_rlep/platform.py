@@ -24,7 +24,11 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
 7. Megatron-Core's torch norm (the local specs' only norm without Apex) refuses sequence
    parallelism; here it accepts it and tags its parameters ``sequence_parallel`` so their
    gradients are summed over the TP group, as Megatron does for its fused and TE norms.
-8. ``torch.compile`` is off (dynamo disabled): Megatron-Core's ``jit_fuser`` compiles its small
+8. ``cuda_type_names()`` (around building the optimiser only): a CPU tensor's ``type()`` reads
+   ``torch.cuda.FloatTensor`` and the like, the names by which Megatron-Core's optimisers sort
+   parameters (the distributed optimiser refuses any other), so the distributed optimiser runs
+   on the CPU too; ``clip_grad_norm(..., sharded=True)`` counts its shards.
+9. ``torch.compile`` is off (dynamo disabled): Megatron-Core's ``jit_fuser`` compiles its small
    fused functions (bias + SwiGLU and others) with inductor, about 3 s of C++ compilation in
    every new process, for a step no faster (benchmarks/actor_step.py ``--compile``).
 
@@ -267,14 +271,36 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def clip_grad_norm(parameters, max_norm: float) -> float:
+@contextlib.contextmanager
+def cuda_type_names():
+    """While open (CPU only), ``Tensor.type()`` of a CPU tensor names the CUDA type."""
+    if has_cuda():
+        yield
+        return
+    plain = torch.Tensor.type
+
+    def as_cuda(self, *args, **kwargs):
+        name = plain(self, *args, **kwargs)
+        if args or kwargs or name.startswith("torch.cuda.") or self.device.type != "cpu":
+            return name
+        return "torch.cuda." + name[len("torch."):]
+
+    torch.Tensor.type = as_cuda  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.Tensor.type = plain  # type: ignore[assignment]
+
+
+def clip_grad_norm(parameters, max_norm: float, sharded: bool = False) -> float:
     """Clip gradients to a global L2 norm across model-parallel ranks; return the norm before.
 
     Tensor-parallel duplicates (layer norms, ``tensor_model_parallel=False`` params) and the
     last pipeline stage's copy of tied embeddings are counted once, as Megatron-Core does; an
     expert's weights (not all-reduced over data parallel) are summed over the expert-parallel
-    ranks that hold the others. Used on the CPU, where Megatron-Core's ``clip_grads`` asserts
-    CUDA tensors.
+    ranks that hold the others. ``sharded``: the distributed optimiser's parameters, each rank
+    a disjoint piece, summed over all ranks. Used on the CPU, where Megatron-Core's
+    ``clip_grads`` asserts CUDA tensors.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
@@ -291,7 +317,8 @@ def clip_grad_norm(parameters, max_norm: float) -> float:
         partial = torch.stack([n.double() for n in norms]).pow(2).sum() if part \
             else torch.zeros((), dtype=torch.float64)
         if dist.is_initialized():
-            group = (parallel_state.get_expert_tensor_model_pipeline_parallel_group() if expert
+            group = (None if sharded  # the world
+                     else parallel_state.get_expert_tensor_model_pipeline_parallel_group() if expert
                      else parallel_state.get_model_parallel_group())
             dist.all_reduce(partial, group=group)
         square += partial

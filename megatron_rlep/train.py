@@ -196,7 +196,8 @@ class Trainer:
         return checkpoint.disk_plan(checkpoint.hf_parameters(self.actor.hf_path),
                                     self.actor.dtype == torch.bfloat16,
                                     self.cfg.algorithm.total_steps, log.save_every,
-                                    log.keep_checkpoints, log.keep_best)
+                                    log.keep_checkpoints, log.keep_best,
+                                    self.actor.distributed_optimizer)
 
     def _load_pool(self) -> ExperiencePool | None:
         """The experience pool (None without replay; an empty live pool without a built one),

@@ -18,8 +18,16 @@
 3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics; the peak
    next to tools/memory_plan.py's prediction for the same shape and settings (their ratio is
    what a lent GPU measures of the planner), and the update's MFU on a known GPU.
+4. At a realistic shape (``--scale``: Qwen2.5-1.5B's configuration on a GPU, seeded random
+   weights, the smoke model's tokenizer): the distributed optimizer takes an update, saves, and
+   a fresh actor that loads the checkpoint takes the next update as the run that went on (its
+   weights within 5% of that update's size of them; exact on the CPU), with the checkpoint's
+   bytes against the planner's (actor/checkpoint.py disk_plan) and its write speed; then two RL
+   steps at that shape (distributed optimizer, selective recompute, chunked log-probs, packed
+   sequences, 512 response tokens on a GPU) with the planner's ratio, tokens/s and MFU.
 Prints a summary and writes OUT/smoke.json; exit status 1 when a check fails. --allow-cpu runs
-the same in fp32 without CUDA (what the test suite does with a tiny model).
+the same in fp32 without CUDA (what the test suite does with a tiny model; ``--scale`` then
+names a config.json to take, or none).
 
 ``--model shape:DIR`` takes a directory with a model's config and tokenizer but no weights
 (what scripts/gpu_smoke_carry.sh puts in .smoke/ for the built-in model, whose 98 MB file does
@@ -164,7 +172,8 @@ def random_weights(shape_dir: Path, out: Path) -> str:
     return str(out)
 
 
-def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dict:
+def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float,
+              response_tokens: int = 32, extra: tuple[str, ...] = ()) -> dict:
     overrides = [f"model.path={model}", f"model.dtype={dtype}", "data.levels=[1,2]",
                  "data.max_prompt_length=128", "parallel.recompute=selective",
                  "parallel.logprob_chunk_tokens=64",
@@ -174,10 +183,10 @@ def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dic
                  "algorithm.replay.refresh=true",  # RLEP from an empty live pool
                  "parallel.pack_sequences=true",
                  f"algorithm.entropy_coef={entropy_coef}",
-                 "rollout.max_response_length=32", "rollout.check_sync=true",
+                 f"rollout.max_response_length={response_tokens}", "rollout.check_sync=true",
                  "rollout.gpu_memory_utilization=0.3", "logging.eval_every=0",
                  "logging.save_every=0", "logging.wandb=disabled", "logging.progress=false",
-                 f"run_dir={run_dir}"]
+                 *extra, f"run_dir={run_dir}"]
     rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     env = {k: v for k, v in os.environ.items() if k not in rendezvous}  # the actor's above
     done = subprocess.run([sys.executable, "-m", "megatron_rlep.train", *overrides],
@@ -197,6 +206,108 @@ def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float) -> dic
     result["ok"] = len(rows) == 2 and all(d is not None and d <= limit
                                           for d in result["sync/max_logprob_diff"])
     return result
+
+
+# Qwen2.5-1.5B's configuration (its config.json): the realistic shape a GPU runs with --scale
+QWEN25_1_5B = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936,
+               "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+               "num_attention_heads": 12, "num_key_value_heads": 2, "hidden_act": "silu",
+               "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+               "tie_word_embeddings": True}
+
+
+def scaled_model(config: dict, tokenizer_dir: str, out: Path, dtype: str) -> str:
+    """Seeded random weights of ``config`` in ``dtype``, with ``tokenizer_dir``'s tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from megatron_rlep.builtin_model import resolve_model_path
+
+    config = dict(config)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    torch.manual_seed(1234)
+    AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype)).save_pretrained(out)
+    source = Path(resolve_model_path(tokenizer_dir))
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
+            shutil.copy(f, out / f.name)
+    return str(out)
+
+
+def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
+    """The distributed optimizer's update, save and resume (see the module docstring)."""
+    import time
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from megatron_rlep import platform
+    from megatron_rlep.actor.actor import Actor
+    from megatron_rlep.actor.batch import SequenceBatch
+    from megatron_rlep.actor.checkpoint import disk_plan, hf_parameters
+    from megatron_rlep.config import AlgorithmConfig
+
+    algorithm = AlgorithmConfig(lr=1e-3, warmup_steps=0, grad_clip=1.0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [f"Question: what is {a} * {b}?\nAnswer: {a * b}" for a, b in ((3, 4), (12, 7), (9, 9))]
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    batch = SequenceBatch(ids, [4] * len(ids), advantages=torch.tensor([1.0, -0.5, -0.5]))
+
+    def actor():
+        return Actor(model, algorithm, 1, 1, dtype=dtype, distributed_optimizer=True,
+                     recompute="selective", logprob_chunk_tokens=64)
+
+    def weights(a):
+        return {k: v.detach().float().cpu() for bucket in a.export_hf() for k, v in bucket}
+
+    first = actor()
+    kinds = [type(o).__name__ for o in first.optimizer.chained_optimizers]
+    before = weights(first)
+    first.train_step(batch)
+    after_one = weights(first)
+    start = time.perf_counter()
+    first.save(out / "ckpt")
+    write_s = time.perf_counter() - start
+    first.train_step(batch)
+    went_on = weights(first)
+    del first
+    platform.destroy_distributed()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    resumed = actor()
+    resumed.load(out / "ckpt")
+    resumed.train_step(batch)
+    diff = sum((v - went_on[k]).abs().sum().item() for k, v in weights(resumed).items())
+    step = sum((went_on[k] - after_one[k]).abs().sum().item() for k in went_on)
+    moved = sum((after_one[k] - before[k]).abs().sum().item() for k in before)
+    del resumed
+    platform.destroy_distributed()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    size = sum(f.stat().st_size for f in (out / "ckpt").rglob("*") if f.is_file())
+    planned = disk_plan(hf_parameters(model), dtype == "bfloat16", 1, 1, 1, False,
+                        distributed_optimizer=True)["checkpoint"]
+    limit = 0.05 * step if torch.cuda.is_available() else 0.0
+    return {"optimizers": kinds, "first_update_moved": moved, "second_update": step,
+            "resumed_vs_went_on": diff, "checkpoint_gib": size / 2**30,
+            "planned_checkpoint_gib": planned / 2**30, "checkpoint_ratio": size / planned,
+            "write_s": write_s, "write_gb_per_s": size / 1e9 / write_s,
+            "ok": kinds == ["DistributedOptimizer"] and moved > 0 and step > 0 and diff <= limit}
+
+
+def at_scale(config: dict, tokenizer_dir: str, dtype: str, out: Path) -> dict:
+    """Part 4 of the module docstring: the realistic shape."""
+    import torch
+
+    model = scaled_model(config, tokenizer_dir, out / "scale-model", dtype)
+    resume = optimizer_resume(model, dtype, out / "scale-resume")
+    print(f"distributed optimizer, save and resume: {json.dumps(resume)}", flush=True)
+    response = 512 if torch.cuda.is_available() else 32
+    steps = two_steps(model, dtype, out / "scale-run", 0.01, response,
+                      ("parallel.distributed_optimizer=true",))
+    return {"resume": resume, "steps": steps, "ok": resume["ok"] and steps["ok"]}
 
 
 # bf16 dense tensor-core peaks (NVIDIA's data sheets), for MFU
@@ -240,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--model", default=os.environ.get("SMOKE_MODEL", "smollm2-135m"))
     parser.add_argument("--allow-cpu", action="store_true", help="fp32 on the CPU (tests)")
+    parser.add_argument("--scale", default="auto",
+                        help="the realistic shape: qwen2.5-1.5b, a config.json, or none "
+                             "(auto: qwen2.5-1.5b on a GPU, none on the CPU)")
     args = parser.parse_args(argv)
     import torch
 
@@ -264,7 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Qwen3-MoE log-prob parity ({dtype}): {json.dumps(report['moe_parity'])}", flush=True)
     report["steps"] = two_steps(args.model, dtype, args.out / "run", entropy_coef)
     print(f"two RL steps: {json.dumps(report['steps'])}", flush=True)
+    scale = args.scale if args.scale != "auto" else \
+        "qwen2.5-1.5b" if torch.cuda.is_available() else "none"
     report["ok"] = report["parity"]["ok"] and report["moe_parity"]["ok"] and report["steps"]["ok"]
+    if scale != "none":
+        config = QWEN25_1_5B if scale == "qwen2.5-1.5b" else json.loads(Path(scale).read_text())
+        report["scale"] = at_scale(config, args.model, dtype, args.out)
+        print(f"at scale ({scale}): {json.dumps(report['scale']['steps'])}", flush=True)
+        report["ok"] = report["ok"] and report["scale"]["ok"]
     (args.out / "smoke.json").write_text(json.dumps(report, indent=1))
     print("SMOKE OK" if report["ok"] else "SMOKE FAILED", flush=True)
     return 0 if report["ok"] else 1

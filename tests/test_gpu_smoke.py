@@ -1,6 +1,7 @@
 """scripts/gpu_smoke.py, the script that proves the GPU path, run here in fp32 on the CPU with a
 tiny model: log-prob parity with transformers and of packed sequences, two RL steps (vLLM's CPU build where it imports,
-RLEP from an empty live pool) with a weight-sync check after each, and its report; without
+RLEP from an empty live pool) with a weight-sync check after each, the distributed optimizer's
+save and exact resume with its checkpoint's size against the planner's, and its report; without
 CUDA and without --allow-cpu it stops in one sentence."""
 
 import json
@@ -23,7 +24,8 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no CUDA device is visible" in refused.stderr
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), "--allow-cpu",
-                           "--model", str(model)], capture_output=True, text=True, timeout=900)
+                           "--model", str(model), "--scale", str(model / "config.json")],
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "smoke.json").read_text())
     assert report["ok"] and report["device"] == "cpu" and report["parity"]["dtype"] == "float32"
@@ -38,6 +40,14 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     planner = steps["planner"]  # the planner's prediction; nothing to measure it against here
     assert planner["predicted_update_peak_gib"] > 0 and planner["parameters"] > 3e6
     assert planner["measured_peak_gib"] is None and planner["ratio"] is None and planner["mfu"] is None
+    # the "realistic shape" part, at the tiny model's shape: the distributed optimizer resumes
+    # exactly, its checkpoint is the size actor/checkpoint.py disk_plan says, two RL steps run
+    resume, scaled = report["scale"]["resume"], report["scale"]["steps"]
+    assert resume["optimizers"] == ["DistributedOptimizer"] and resume["ok"]
+    assert resume["first_update_moved"] > 0 and resume["second_update"] > 0
+    assert resume["resumed_vs_went_on"] == 0.0
+    assert 1.0 <= resume["checkpoint_ratio"] < 1.05 and resume["write_gb_per_s"] > 0
+    assert scaled["ok"] and len(scaled["sync/max_logprob_diff"]) == 2
     assert "SMOKE OK" in done.stdout
 
 

@@ -116,6 +116,11 @@ def test_checkpoint_disk_plan_by_hand():
     assert disk_plan(1000, True, 400, 20, 0, True)["run"] == 20 * 14000 + 4000  # keep them all
     fp32 = disk_plan(1000, False, 10, 3, 1, False)  # 4 saves (3, 6, 9 and the last step)
     assert (fp32["checkpoint"], fp32["saves"], fp32["held"], fp32["run"]) == (12000, 4, 2, 28000)
+    # the distributed optimizer keeps (and saves) an fp32 master copy of fp32 weights too
+    assert disk_plan(1000, False, 10, 3, 1, False, distributed_optimizer=True)["checkpoint"] \
+        == 16000
+    assert disk_plan(1000, True, 10, 3, 1, False, distributed_optimizer=True)["checkpoint"] \
+        == 14000
 
 
 def test_paper_preset_keeps_its_disk_bounded():

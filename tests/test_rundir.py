@@ -38,7 +38,7 @@ def test_pruning_keeps_the_newest_and_the_best(tmp_path):
     assert len(list(root.iterdir())) == 5
 
 
-def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp():
+def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp_and_optimizer():
     from megatron_rlep.actor.checkpoint import resume_problem
 
     saved = {"layout": {"world": 64, "tp": 2, "pp": 1}, "distributed_optimizer": True}
@@ -49,3 +49,9 @@ def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp():
     # the plain optimizer (the CPU, or one data-parallel rank) reshards on any layout
     plain = {"layout": {"world": 2, "tp": 2, "pp": 1}, "distributed_optimizer": False}
     assert resume_problem(plain, {"world": 1, "tp": 1, "pp": 1}, False) is None
+    # one optimizer's state does not load into the other (a KeyError deep in Megatron-Core)
+    assert resume_problem(saved, {"world": 8, "tp": 2, "pp": 1}, False).startswith(
+        "its optimizer state was saved by the distributed optimizer, which this run does not "
+        "use: resume with parallel.distributed_optimizer=true")
+    assert "resume with parallel.distributed_optimizer=false" in \
+        resume_problem(plain, {"world": 2, "tp": 2, "pp": 1}, True)

@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = dict(tokens=tokens, response_tokens=response, bf16_grads=p.bf16_grads,
                     vllm_utilization=vllm, gpu_bytes=args.gpu_gib * GIB, nvls=args.nvls)
     result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, recompute=p.recompute,
-                  sequence_parallel=p.sequence_parallel, distributed_optimizer=dp > 1,
+                  sequence_parallel=p.sequence_parallel,
+                  distributed_optimizer=dp > 1 if p.distributed_optimizer is None
+                  else p.distributed_optimizer,
                   logprob_chunk=p.logprob_chunk_tokens, rollout_tp=cfg.rollout.tensor_parallel,
                   offload=p.offload_during_rollout, ep=p.expert_parallel, **settings)
     moe = (f" ({arch.experts} experts, {arch.topk} a token, ep={p.expert_parallel})"

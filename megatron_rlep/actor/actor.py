@@ -90,7 +90,7 @@ class Actor:
                  bf16_grads: bool = False, logprob_chunk_tokens: int = 0,
                  sequence_parallel: bool = False, share_prompts: bool = False,
                  pack_sequences: bool = False, expert_parallel: int = 1,
-                 router_aux_loss: float = 0.0):
+                 router_aux_loss: float = 0.0, distributed_optimizer: bool | None = None):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -133,7 +133,9 @@ class Actor:
             model.rotary_pos_emb.register_forward_hook(self._rotary_at_positions)
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        distributed = self.distributed_optimizer = platform.has_cuda() and self.dp_size > 1
+        if distributed_optimizer is None:  # auto: where it shards anything
+            distributed_optimizer = platform.has_cuda() and self.dp_size > 1
+        distributed = self.distributed_optimizer = distributed_optimizer
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=not bf16_grads, overlap_grad_reduce=False,
             use_distributed_optimizer=distributed)

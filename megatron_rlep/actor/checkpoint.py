@@ -80,7 +80,39 @@ OPTIMIZER_FORMAT = "dp_reshardable"
 OLD_OPTIMIZER_FORMAT = "fully_sharded_model_space"
 
 
+def _empty_adam_state(optimizer) -> None:
+    """Zero Adam moments at step 0 for every parameter that has none: torch's Adam (no Apex, no
+    Transformer Engine) makes its state at its first step, and the distributed optimizer's state
+    dict reads the step from it, also when it is being loaded into (the load overwrites all)."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if not inner.state[param]:
+                    inner.state[param].update(step=torch.tensor(0.0),
+                                              exp_avg=torch.zeros_like(param),
+                                              exp_avg_sq=torch.zeros_like(param))
+
+
+def _adam_steps_from_groups(optimizer) -> None:
+    """After a load: the distributed optimizer keeps torch Adam's step in its parameter groups
+    and sets it into each parameter's state, then overwrites that with the per-parameter step of
+    the state being loaded into (``_empty_adam_state``'s 0); the group's step is the saved one."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            if "step" in group:
+                for param in group["params"]:
+                    inner.state[param]["step"] = torch.tensor(float(group["step"]))
+
+
 def _sharded(model, optimizer, scheduler, loading: bool, fmt: str = OPTIMIZER_FORMAT) -> dict:
+    if loading:
+        _empty_adam_state(optimizer)
     model_sd = model.sharded_state_dict()
     return {"model": model_sd,
             "optimizer": optimizer.sharded_state_dict(
@@ -90,10 +122,15 @@ def _sharded(model, optimizer, scheduler, loading: bool, fmt: str = OPTIMIZER_FO
 
 def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str | None:
     """Why a full checkpoint cannot resume on ``layout``, or None: the distributed optimizer's
-    state (dp_reshardable) loads only on the TP x PP it was saved on; the weights load anywhere."""
-    saved = meta.get("layout", {})
-    if not (distributed_optimizer or meta.get("distributed_optimizer")) or \
-            (saved.get("tp"), saved.get("pp")) == (layout["tp"], layout["pp"]):
+    state (dp_reshardable) loads only on the TP x PP it was saved on, and only into the
+    distributed optimizer (the plain one's only into the plain one); the weights load anywhere."""
+    saved, sharded = meta.get("layout", {}), bool(meta.get("distributed_optimizer"))
+    if sharded != distributed_optimizer:
+        return (f"its optimizer state was saved {'by' if sharded else 'without'} the distributed "
+                f"optimizer, which this run {'does not use' if sharded else 'uses'}: resume with "
+                f"parallel.distributed_optimizer={str(sharded).lower()}, or start from its weights "
+                "(tools/export_hf.py, then model.path=) with a fresh optimizer")
+    if not sharded or (saved.get("tp"), saved.get("pp")) == (layout["tp"], layout["pp"]):
         return None
     return (f"the checkpoint was saved at tp={saved.get('tp')} pp={saved.get('pp')} and its "
             f"distributed optimizer state loads only there, not at tp={layout['tp']} "
@@ -206,7 +243,9 @@ def load(path: str | Path, model, optimizer, scheduler,
     state = dist_checkpointing.load(_sharded(model, optimizer, scheduler, loading=True, fmt=fmt),
                                     str(path))
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    with torch.no_grad():  # fp32 parameters are their own main copy: views of the weights
+        optimizer.load_state_dict(state["optimizer"])
+    _adam_steps_from_groups(optimizer)
     scheduler.load_state_dict(state["scheduler"])
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = path / "rng" / f"rank-{rank}.pt"
@@ -231,14 +270,15 @@ def hf_parameters(hf_path: str | Path) -> int:
 
 
 def disk_plan(parameters: int, bf16: bool, total_steps: int, save_every: int, keep: int,
-              keep_best: bool) -> dict:
-    """Bytes on disk: a full checkpoint (weights in the compute dtype; with bf16 weights Adam's
-    fp32 master copy; Adam's two fp32 moments), the best step's weights-only checkpoint, the
+              keep_best: bool, distributed_optimizer: bool = False) -> dict:
+    """Bytes on disk: a full checkpoint (weights in the compute dtype; with bf16 weights, or the
+    distributed optimizer, which keeps one of fp32 weights too, Adam's fp32 master copy; Adam's
+    two fp32 moments), the best step's weights-only checkpoint, the
     final Hugging Face export, and what a whole run holds at most: the newest ``keep`` full
     checkpoints and the one being written before the oldest goes (0: every one), plus those
     two."""
     weights = parameters * (2 if bf16 else 4)
-    full = weights + parameters * ((4 if bf16 else 0) + 8)
+    full = weights + parameters * ((4 if bf16 or distributed_optimizer else 0) + 8)
     saves = total_steps // save_every + (total_steps % save_every > 0) if save_every else 1
     held = min(keep + 1, saves) if keep else saves
     best = weights if keep_best else 0

@@ -3,10 +3,10 @@
 Adam with decoupled weight decay (Megatron skips biases and norms), linear warm-up then a
 constant learning rate, gradient clipping by global norm. The schedule counts rollout steps,
 as the reference does: every optimiser update of one step runs at the same learning rate
-(``set_position``), however many mini-batches the step has. On a GPU with data parallelism the
-distributed optimiser shards the optimiser state; on the CPU the plain one is used (the
-distributed optimiser and Megatron's ``clip_grads`` need CUDA tensors), and clipping goes
-through ``platform.clip_grad_norm``.
+(``set_position``), however many mini-batches the step has. The distributed optimiser
+(``distributed``) shards the optimiser state over data-parallel ranks; on the CPU it is built
+under ``platform.cuda_type_names`` and clipping goes through ``platform.clip_grad_norm`` (Megatron's
+``clip_grads`` asserts CUDA tensors).
 
 A step whose gradient norm is not finite is skipped on every platform (``step`` reports it and
 applies nothing): in bf16 without a loss scaler Megatron-Core never flags inf/NaN itself, so its
@@ -32,7 +32,8 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
         adam_beta2=0.999, adam_eps=1e-8, clip_grad=0.0,  # clipped in ``step``
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
     )
-    optimizer = get_megatron_optimizer(config, model_chunks)
+    with platform.cuda_type_names():
+        optimizer = get_megatron_optimizer(config, model_chunks)
     return optimizer, schedule(optimizer, lr, weight_decay, warmup_steps, total_steps)
 
 
@@ -85,8 +86,9 @@ def step(optimizer, grad_clip: float) -> tuple[float, float, bool]:
                                              use_decoupled_grad=decoupled)
     else:
         parts = getattr(optimizer, "chained_optimizers", [optimizer])  # dense, experts
+        sharded = any(type(part).__name__ == "DistributedOptimizer" for part in parts)
         norm = platform.clip_grad_norm([p for part in parts for p in part.get_parameters()],
-                                       grad_clip)
+                                       grad_clip, sharded)
         if not math.isfinite(norm):
             return norm, lr, False
     optimizer.step_with_ready_grads()

@@ -4,6 +4,7 @@
     actor_cpu.py step MODEL_DIR TP PP OUT [EP [full|light]]  # checks, one update, save
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
     actor_cpu.py offload MODEL_DIR            # two updates with the buffers offloaded between
+    actor_cpu.py resume MODEL_DIR OUT         # the distributed optimizer: update, save, resume
 
 Commands chain with ``+`` and run one after another in one process (one process group, with
 Megatron's parallel state rebuilt for each actor), so the imports are paid once:
@@ -294,6 +295,40 @@ def offload(model_dir):
     print("OK offload")
 
 
+def resume(model_dir, out):
+    """The distributed optimizer (Adam's state sharded over the data-parallel ranks): one update
+    (written as in ``step``, for the test to hold against the plain optimizer's), then a save,
+    and a fresh actor that loads it takes the second update exactly as the run that went on."""
+    from megatron.core import parallel_state
+    from safetensors.torch import save_file
+
+    from megatron_rlep.actor.actor import Actor
+
+    out, batch = Path(out), fixed_batch(lambda b: reference_logp(model_dir, b)[0])
+
+    def weights(actor):
+        return {k: v.clone().contiguous() for bucket in actor.export_hf() for k, v in bucket}
+
+    actor = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3, distributed_optimizer=True)
+    kinds = [type(o).__name__ for o in actor.optimizer.chained_optimizers]
+    assert kinds == ["DistributedOptimizer"], kinds
+    metrics, first = actor.train_step(batch), weights(actor)
+    actor.save(out / "ckpt")
+    actor.train_step(batch)
+    went_on = weights(actor)
+    parallel_state.destroy_model_parallel()
+    resumed = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3, distributed_optimizer=True)
+    resumed.load(out / "ckpt")
+    assert resumed.step == 1
+    resumed.train_step(batch)
+    for k, v in weights(resumed).items():
+        assert torch.equal(v, went_on[k]), f"{k} differs after a resumed update"
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        save_file(first, str(out / "weights.safetensors"))
+        (out / "metrics.json").write_text(json.dumps(metrics))
+        print(f"OK resume dp={resumed.dp_size}")
+
+
 def load(model_dir, outs):
     from safetensors.torch import load_file
 
@@ -336,6 +371,8 @@ if __name__ == "__main__":
             load(args[0], args[1:])
         elif command == "offload":
             offload(args[0])
+        elif command == "resume":
+            resume(args[0], args[1])
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
