@@ -62,6 +62,15 @@ class ExperiencePool:
         self.rows = rows or {}  # key -> the question's row (prompt, ground truth), for ``write``
 
     @classmethod
+    def load_live(cls, path: str | Path) -> "ExperiencePool":
+        """The live pool a run saved beside a checkpoint: a built pool's files, or none at all
+        when no answer had joined it yet (its manifest lists no shards)."""
+        manifest = Path(path) / MANIFEST
+        if manifest.is_file() and not json.loads(manifest.read_text()).get("shards"):
+            return cls({}, "live")
+        return cls.load(path)
+
+    @classmethod
     def load(cls, path: str | Path, verifier=None, drop_rejected: bool = False,
              partial: bool = False) -> "ExperiencePool":
         """Read and check a pool; with a ``verifier``, count (and optionally drop) the

@@ -157,7 +157,8 @@ class Trainer:
                 self.actor.offload()
             self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
             if extra.get("live_pool"):  # answers verified when they joined: not checked again
-                self.pool = ExperiencePool.load(self.run_dir / "checkpoints" / extra["live_pool"])
+                self.pool = ExperiencePool.load_live(self.run_dir / "checkpoints" /
+                                                     extra["live_pool"])
             if is_rank0():
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights()

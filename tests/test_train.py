@@ -309,7 +309,9 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
                                  "algorithm.replay.priority_floor=0.3",
                                  "algorithm.correction.replay=down_weight"],
         "recent-stored-live": ["algorithm.replay.strategy=recent", "algorithm.replay.refresh=true",
-                               "algorithm.correction.replay=stored", f"algorithm.pool={sampled}"]}
+                               "algorithm.correction.replay=stored", f"algorithm.pool={sampled}"],
+        # a live pool from nothing that the random policy never fills: saved empty, resumed
+        "live-from-empty": ["algorithm.replay.refresh=true", "algorithm.pool="]}
     script = Path(__file__).parent / "helpers" / "replay_runs.py"
     argv = [sys.executable, str(script), str(tmp_path), str(model), str(pool), json.dumps(settings)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env(argv))
@@ -337,6 +339,8 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
         last = metrics(name, "resumed")[-1]
         assert last["actor/loss"] == pytest.approx(metrics(name, "straight")[-1]["actor/loss"], rel=1e-4)
         groups = [g for step in straight for g in step]
+        if name == "live-from-empty":
+            assert not any(g["replays"] for g in groups)
         if name.startswith("rescue"):  # replays only after G fresh answers, none of them right
             assert any(g["replays"] for g in groups)
             for g in groups:
