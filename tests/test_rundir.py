@@ -55,3 +55,6 @@ def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp_and_optimizer
         "use: resume with parallel.distributed_optimizer=true")
     assert "resume with parallel.distributed_optimizer=false" in \
         resume_problem(plain, {"world": 2, "tp": 2, "pp": 1}, True)
+    # saved before any applied update: no optimizer state, so any layout and optimizer
+    assert resume_problem({**saved, "optimizer_state": False}, {"world": 1, "tp": 1, "pp": 1},
+                          False) is None

@@ -279,6 +279,40 @@ def test_non_finite_gradients_skip_their_update_and_too_many_in_a_row_stop_the_r
 
 
 @pytest.mark.e2e
+def test_a_run_stopped_before_any_applied_update_resumes(assets, tmp_path):
+    """Updates 0-2 get NaN gradients: the run stops in step 1 with a checkpoint written before
+    Adam had any state (the distributed optimizer could not write one; a plain one's would not
+    load); the same command without the NaNs resumes from it, here with the plain optimizer."""
+    run_dir = tmp_path / "run"
+
+    def argv(*extra):
+        return [*launcher(1), "-m", "megatron_rlep.train", f"model.path={assets[0]}",
+                "data.train_size=8", "data.levels=[1,2]", "data.eval_size=4",
+                "algorithm.prompts_per_rollout=4", "algorithm.prompts_per_update=2",
+                "algorithm.rollouts_per_prompt=2", "algorithm.replay_per_prompt=0",
+                "algorithm.total_steps=3", "algorithm.warmup_steps=0",
+                "rollout.engine=transformers", "rollout.max_response_length=8",
+                "logging.wandb=disabled", "logging.eval_every=0", "logging.progress=false",
+                "algorithm.max_skipped_updates=3", f"run_dir={run_dir}", *extra]
+
+    helper = Path(__file__).parent / "helpers" / "nan_grads"
+    first = argv("parallel.distributed_optimizer=true")
+    result = subprocess.run(first, capture_output=True, text=True, timeout=600,
+                            env=env(first, PYTHONPATH=str(helper), NAN_UPDATES="0,1,2"))
+    assert result.returncode == 2 and "checkpoints/step-000002 holds the weights before them" \
+        in result.stderr, result.stdout[-2000:] + result.stderr[-3000:]
+    meta = json.loads((run_dir / "checkpoints" / "step-000002" / "actor_checkpoint.json")
+                      .read_text())
+    assert meta["optimizer_state"] is False and meta["distributed_optimizer"] is True
+    again = argv("parallel.distributed_optimizer=false")
+    result = subprocess.run(again, capture_output=True, text=True, timeout=600, env=env(again))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "at step 2" in result.stdout
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == 3 and lines[-1]["actor/skipped_updates"] == 0
+
+
+@pytest.mark.e2e
 def test_local_multirun_sweep_gives_each_job_its_own_run_dir(assets, tmp_path):
     base = tmp_path / "sweep"
     # seed 2 draws other built-in questions than the pool's: coverage is not this test's point

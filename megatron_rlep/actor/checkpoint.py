@@ -80,13 +80,26 @@ OPTIMIZER_FORMAT = "dp_reshardable"
 OLD_OPTIMIZER_FORMAT = "fully_sharded_model_space"
 
 
-def _empty_adam_state(optimizer) -> None:
-    """Zero Adam moments at step 0 for every parameter that has none: torch's Adam (no Apex, no
-    Transformer Engine) makes its state at its first step, and the distributed optimizer's state
-    dict reads the step from it, also when it is being loaded into (the load overwrites all)."""
+def _inner_optimizers(optimizer):
+    """(Megatron-Core optimizer, the torch optimizer it steps) of each part (dense, experts)."""
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(part, "optimizer", None)
-        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+        if getattr(part, "optimizer", None) is not None:
+            yield part, part.optimizer
+
+
+def has_optimizer_state(optimizer) -> bool:
+    """Whether Adam has any state yet: it makes it at its first applied update."""
+    return any(len(inner.state) for _, inner in _inner_optimizers(optimizer))
+
+
+def _empty_adam_state(optimizer) -> None:
+    """Zero Adam moments at step 0, the state torch's Adam (no Apex, no Transformer Engine) makes
+    at its first update, for every parameter of a distributed optimizer that has none: its state
+    dict reads the step from there, also when it is being loaded into (the load overwrites
+    all)."""
+    for part, inner in _inner_optimizers(optimizer):
+        if type(part).__name__ != "DistributedOptimizer" or \
+                not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
             continue
         for group in inner.param_groups:
             for param in group["params"]:
@@ -100,8 +113,7 @@ def _adam_steps_from_groups(optimizer) -> None:
     """After a load: the distributed optimizer keeps torch Adam's step in its parameter groups
     and sets it into each parameter's state, then overwrites that with the per-parameter step of
     the state being loaded into (``_empty_adam_state``'s 0); the group's step is the saved one."""
-    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(part, "optimizer", None)
+    for _, inner in _inner_optimizers(optimizer):
         if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
             continue
         for group in inner.param_groups:
@@ -111,13 +123,15 @@ def _adam_steps_from_groups(optimizer) -> None:
 
 
 def _sharded(model, optimizer, scheduler, loading: bool, fmt: str = OPTIMIZER_FORMAT) -> dict:
-    if loading:
-        _empty_adam_state(optimizer)
+    """Model, scheduler and (``optimizer`` not None) optimizer state, as Megatron-Core shards them."""
     model_sd = model.sharded_state_dict()
-    return {"model": model_sd,
-            "optimizer": optimizer.sharded_state_dict(
-                model_sd, is_loading=loading, metadata={"distrib_optim_sharding_type": fmt}),
-            "scheduler": scheduler.state_dict()}
+    state = {"model": model_sd, "scheduler": scheduler.state_dict()}
+    if optimizer is not None:
+        if loading:
+            _empty_adam_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_sd, is_loading=loading, metadata={"distrib_optim_sharding_type": fmt})
+    return state
 
 
 def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str | None:
@@ -125,6 +139,8 @@ def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str
     state (dp_reshardable) loads only on the TP x PP it was saved on, and only into the
     distributed optimizer (the plain one's only into the plain one); the weights load anywhere."""
     saved, sharded = meta.get("layout", {}), bool(meta.get("distributed_optimizer"))
+    if not meta.get("optimizer_state", True):  # saved before any update: weights only
+        return None
     if sharded != distributed_optimizer:
         return (f"its optimizer state was saved {'by' if sharded else 'without'} the distributed "
                 f"optimizer, which this run {'does not use' if sharded else 'uses'}: resume with "
@@ -173,12 +189,17 @@ def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict |
     _synchronous_writer()
     final = Path(path)
     partial = _prepare(final)
-    dist_checkpointing.save(_sharded(model, optimizer, scheduler, loading=False), str(partial))
+    # before the first applied update (every one skipped) Adam has no state to save: the resumed
+    # run starts from a fresh optimizer, which is the same
+    optimizer_state = has_optimizer_state(optimizer)
+    dist_checkpointing.save(_sharded(model, optimizer if optimizer_state else None, scheduler,
+                                     loading=False), str(partial))
     rank = dist.get_rank() if dist.is_initialized() else 0
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank-{rank}.pt")
     _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout(),
                               "optimizer_format": OPTIMIZER_FORMAT,
+                              "optimizer_state": optimizer_state,
                               "distributed_optimizer": distributed_optimizer,
                               **_model_info(model, transformer_engine)})
     return final
@@ -240,12 +261,14 @@ def load(path: str | Path, model, optimizer, scheduler,
     if problem:
         raise RunError(f"{path}: {problem}")
     fmt = meta.get("optimizer_format", OLD_OPTIMIZER_FORMAT)
-    state = dist_checkpointing.load(_sharded(model, optimizer, scheduler, loading=True, fmt=fmt),
-                                    str(path))
+    with_optimizer = meta.get("optimizer_state", True)  # False: saved before any update
+    state = dist_checkpointing.load(_sharded(model, optimizer if with_optimizer else None,
+                                             scheduler, loading=True, fmt=fmt), str(path))
     model.load_state_dict(state["model"])
-    with torch.no_grad():  # fp32 parameters are their own main copy: views of the weights
-        optimizer.load_state_dict(state["optimizer"])
-    _adam_steps_from_groups(optimizer)
+    if with_optimizer:
+        with torch.no_grad():  # fp32 parameters are their own main copy: views of the weights
+            optimizer.load_state_dict(state["optimizer"])
+        _adam_steps_from_groups(optimizer)
     scheduler.load_state_dict(state["scheduler"])
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = path / "rng" / f"rank-{rank}.pt"
