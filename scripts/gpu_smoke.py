@@ -48,6 +48,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def free_device() -> None:
+    """After an actor is deleted: its process group gone, its memory back to the GPU (the next
+    actor, or the training run's subprocess, wants it)."""
+    import torch
+
+    from megatron_rlep import platform
+
+    platform.destroy_distributed()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def logprob_parity(model: str, dtype: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -76,9 +88,7 @@ def logprob_parity(model: str, dtype: str) -> dict:
             reference[name] = logp(hf.to(platform.device())(ids.to(platform.device())).logits)
         del hf
     del actor
-    platform.destroy_distributed()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the GPU is the training run's next
+    free_device()
     exact = reference["float32"]
     result = {"tokens": len(targets), "dtype": dtype,
               "actor_vs_fp32_max": (ours - exact).abs().max().item(),
@@ -133,26 +143,17 @@ def packing_parity(actor, tokenizer, dtype: str) -> dict:
 def moe_model(tokenizer_dir: str, out: Path) -> str:
     """A small random Qwen3-MoE (8 experts, 2 a token, QK norms) with ``tokenizer_dir``'s
     tokenizer: the MoE layer, its router and the dispatcher on this device."""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
+    from transformers import AutoTokenizer
 
     from megatron_rlep.builtin_model import resolve_model_path
 
-    source = Path(resolve_model_path(tokenizer_dir))
-    vocab = len(AutoTokenizer.from_pretrained(source))
-    config = Qwen3MoeConfig(vocab_size=(vocab + 127) // 128 * 128, hidden_size=256,
-                            intermediate_size=512, moe_intermediate_size=128, num_experts=8,
-                            num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                            max_position_embeddings=2048)
-    torch.manual_seed(1234)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
-    for f in source.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
-            shutil.copy(f, out / f.name)
-    return str(out)
+    vocab = len(AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_dir)))
+    config = {"model_type": "qwen3_moe", "vocab_size": (vocab + 127) // 128 * 128,
+              "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+              "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "max_position_embeddings": 2048}
+    return scaled_model(config, tokenizer_dir, out, "float32")
 
 
 def random_weights(shape_dir: Path, out: Path) -> str:
@@ -243,7 +244,6 @@ def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from megatron_rlep import platform
     from megatron_rlep.actor.actor import Actor
     from megatron_rlep.actor.batch import SequenceBatch
     from megatron_rlep.actor.checkpoint import disk_plan, hf_parameters
@@ -273,9 +273,7 @@ def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     first.train_step(batch)
     went_on = weights(first)
     del first
-    platform.destroy_distributed()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_device()
     resumed = actor()
     resumed.load(out / "ckpt")
     resumed.train_step(batch)
@@ -283,9 +281,7 @@ def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     step = sum((went_on[k] - after_one[k]).abs().sum().item() for k in went_on)
     moved = sum((after_one[k] - before[k]).abs().sum().item() for k in before)
     del resumed
-    platform.destroy_distributed()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_device()
     size = sum(f.stat().st_size for f in (out / "ckpt").rglob("*") if f.is_file())
     planned = disk_plan(hf_parameters(model), dtype == "bfloat16", 1, 1, 1, False,
                         distributed_optimizer=True)["checkpoint"]
