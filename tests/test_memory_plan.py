@@ -123,6 +123,26 @@ def test_checkpoint_disk_plan_by_hand():
         == 14000
 
 
+def test_the_time_limit_signal_covers_a_step_and_the_checkpoint_write():
+    """Checkpoint write time at the stated bandwidth and the signal lead derived from it, by
+    hand: 99.3 GiB over 8 nodes at 2 GB/s is 6.7 s, plus the 160 s step and a minute."""
+    def lead(*args):
+        done = subprocess.run([sys.executable, str(REPO / "tools" / "memory_plan.py"),
+                               "experiment=rlep_qwen25_math_7b", "--nodes", "8", *args],
+                              capture_output=True, text=True, timeout=120)
+        return done.stdout.split("time limit: ")[1].splitlines()[0]
+
+    assert lead() == ("a checkpoint writes in about 7 s (8 node(s) at 2 GB/s each); the stop "
+                      "signal needs at least a step, the write and a minute: 227 s, within the "
+                      "sbatch scripts' 300")
+    slow = lead("--write-gbps", "0.1")  # 133 s of writing
+    assert slow.endswith("353 s, more than the sbatch scripts' 300: submit with "
+                         "--signal=B:USR1@354"), slow
+    for script in ("train.sbatch", "sweep.sbatch"):
+        text = (REPO / "slurm" / script).read_text()
+        assert f"#SBATCH --signal=B:USR1@{memory_plan.SIGNAL_LEAD}" in text, script
+
+
 def test_paper_preset_keeps_its_disk_bounded():
     from megatron_rlep.actor.checkpoint import disk_plan
     from megatron_rlep.config import compose

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ NCCL = 2.0 * GIB
 NCCL_NVLS = 6.0 * GIB
 FRAGMENTATION = 2.0 * GIB
 LOGIT_BYTES = 24
+SIGNAL_LEAD = 300  # seconds: slurm/train.sbatch's and sweep.sbatch's --signal=B:USR1@300
 # name: (hidden, layers, heads, kv heads, head dim, ffn, vocab, tied embeddings[, experts,
 # experts a token, an expert's ffn]), from each model's config.json
 ARCHS = {
@@ -314,10 +316,12 @@ def main(argv: list[str] | None = None) -> int:
           f"(logging.keep_checkpoints={log.keep_checkpoints}); the run holds at most "
           f"{human(disk['run'])} with the best step's weights and the final export")
     lead = args.step_seconds + write + 60
+    given = ("within the sbatch scripts' 300" if lead <= SIGNAL_LEAD else
+             f"more than the sbatch scripts' {SIGNAL_LEAD}: submit with "
+             f"--signal=B:USR1@{math.ceil(lead)}")
     print(f"time limit: a checkpoint writes in about {write:.0f} s ({args.nodes} node(s) at "
           f"{args.write_gbps:g} GB/s each); the stop signal needs at least a step, the write and "
-          f"a minute: {lead:.0f} s (the sbatch scripts give 300; sbatch --signal=B:USR1@SECONDS "
-          "sets more)")
+          f"a minute: {lead:.0f} s, {given}")
     hours = cfg.algorithm.total_steps * args.step_seconds / 3600
     print(f"cost: {cfg.algorithm.total_steps} steps x {args.step_seconds:g} s = {hours:.1f} h on "
           f"{world} GPUs, {hours * world:,.0f} GPU-hours (--step-seconds sets the step time)")
