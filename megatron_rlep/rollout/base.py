@@ -22,6 +22,28 @@ class Completion:
     logprobs: tuple[float, ...] = ()
 
 
+def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
+    """Every end-of-sequence id a model stops on: the tokenizer's EOS and each id of its
+    ``generation_config``'s ``eos_token_id`` (Qwen3 lists ``<|im_end|>`` and ``<|endoftext|>``,
+    Llama 3.1 Instruct 128001, 128008 and 128009). vLLM stops on all of them; so does the
+    transformers engine, and an answer ending on any of them is finished."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(generation_config, "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+
+def model_stop_ids(model_path, tokenizer) -> tuple[int, ...]:
+    """``stop_ids`` of a checkpoint directory (its generation_config.json, where it has one)."""
+    from transformers import GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        generation_config = None
+    return stop_ids(tokenizer, generation_config)
+
+
 def encode_prompt(tokenizer, messages, max_length: int | None = None) -> tuple[int, ...]:
     """A chat prompt's token ids with the generation prompt, left-truncated to ``max_length``
     (the trainer's ``data.max_prompt_length``): the ids the actor and every engine see."""

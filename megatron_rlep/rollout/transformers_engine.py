@@ -7,7 +7,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from megatron_rlep.builtin_model import resolve_model_path
-from megatron_rlep.rollout.base import Completion, counts_and_seeds
+from megatron_rlep.rollout.base import Completion, counts_and_seeds, stop_ids
 
 
 class TransformersEngine:
@@ -31,6 +31,7 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         self.batch_size = batch_size
         self.device = device
+        self.stop_ids = stop_ids(self.tokenizer, self.model.generation_config)  # vLLM's set
 
     @torch.no_grad()
     def generate(self, prompts, n: int | list[int] = 1, temperature: float = 1.0,
@@ -41,7 +42,6 @@ class TransformersEngine:
         the first request's seed, so per-request seeds only decide the whole call's stream."""
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
         torch.manual_seed(seeds[0] if seeds else 0)
-        eos = self.tokenizer.eos_token_id
         jobs = [i for i, c in enumerate(counts) for _ in range(c)]  # one row per sample
         results: list[list[Completion]] = [[] for _ in prompts]
         bar = tqdm(total=len(jobs), unit="sample", disable=not progress, desc="generating")
@@ -57,7 +57,8 @@ class TransformersEngine:
             picked = _PickLogprobs(kept)
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id,
+                max_new_tokens=max_tokens, eos_token_id=list(self.stop_ids),
+                pad_token_id=self.tokenizer.pad_token_id,
                 logits_processor=LogitsProcessorList(_warpers(temperature, top_p) + [kept]),
                 stopping_criteria=StoppingCriteriaList([picked]),
                 **(dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if temperature > 0
@@ -65,8 +66,9 @@ class TransformersEngine:
             )[:, width:].tolist()
             logprobs = picked.result().tolist()
             for i, row, row_logprobs in zip(rows, out, logprobs):
-                finished = eos in row
-                tokens = row[: row.index(eos) + 1] if finished else row
+                end = next((t for t, token in enumerate(row) if token in self.stop_ids), None)
+                finished = end is not None
+                tokens = row[:end + 1] if finished else row
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 results[i].append(Completion(text, tuple(tokens), finished,
                                              tuple(row_logprobs[:len(tokens)])))

@@ -88,6 +88,16 @@ def local_rank(env, rank: int, devices: int) -> int:
     return rank % devices if devices else rank
 
 
+def completion(output) -> Completion:
+    """A vLLM ``CompletionOutput`` as a ``Completion``: its token ids exactly as vLLM returns
+    them, one behaviour log-prob each. vLLM stops on every EOS id of the model's generation
+    config (``rollout.base.stop_ids``) and keeps that id as the last token; nothing is added,
+    so the trained sequence is the sampled one and its log-probs line up."""
+    ids = tuple(output.token_ids)
+    logprobs = tuple(step[token].logprob for step, token in zip(output.logprobs or (), ids))
+    return Completion(output.text, ids, output.finish_reason == "stop", logprobs)
+
+
 class VllmEngine:
     collective = True  # every rank of an engine's TP group calls generate with the same prompts
 
@@ -144,18 +154,7 @@ class VllmEngine:
                                  seed=s, logprobs=0) for c, s in zip(counts, seeds)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=progress)
-        eos = self.tokenizer.eos_token_id
-        return [[self._completion(o, eos) for o in out.outputs] for out in outputs]
-
-    @staticmethod
-    def _completion(output, eos: int) -> Completion:
-        ids = tuple(output.token_ids)
-        finished = output.finish_reason == "stop"
-        logprobs = tuple(step[token].logprob for step, token in zip(output.logprobs or (), ids))
-        if finished and (not ids or ids[-1] != eos):
-            # stopped on a stop string, not EOS: the trained sequence still ends with its EOS
-            ids += (eos,)
-        return Completion(output.text, ids, finished, logprobs)
+        return [[completion(o) for o in out.outputs] for out in outputs]
 
     def sequence_logprobs(self, ids) -> torch.Tensor:
         """log p(ids[t] | ids[:t]) for t >= 1 at temperature 1 (the weight-sync probe)."""
