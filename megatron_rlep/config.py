@@ -98,7 +98,7 @@ class AlgorithmConfig:
     dual_clip: float = 10.0
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (verl's)
     normalize_std: bool = True
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # must stay 0: no reference policy is built (refused when checked)
     entropy_coef: float = 0.0
     overlong_buffer: int = 512
     overlong_factor: float = 1.0
@@ -385,6 +385,10 @@ def _check_values(cfg) -> None:
             f"config key algorithm.prompts_per_update={cfg.algorithm.prompts_per_update} does "
             f"not divide algorithm.prompts_per_rollout={cfg.algorithm.prompts_per_rollout}; "
             f"pick a divisor so every update sees whole groups.")
+    if isinstance(cfg, Config) and cfg.algorithm.kl_coef != 0:
+        raise ConfigError(f"config key algorithm.kl_coef={cfg.algorithm.kl_coef} asks for a KL "
+                          "term against a reference policy, which this trainer does not build "
+                          "(RLEP and DAPO train without one); set algorithm.kl_coef=0.")
     if isinstance(cfg, Config) and cfg.parallel.share_prompts and cfg.parallel.pack_sequences:
         raise ConfigError("config keys parallel.share_prompts and parallel.pack_sequences are two "
                           "ways to pack a micro-batch; set one of them to false.")

@@ -44,6 +44,8 @@ def test_algorithm_groups_differ_as_documented():
     ("algorithm=ppo", "algorithm=ppo names no preset in conf/algorithm/; the presets are dapo"),
     ("algorithm.prompts_per_update=7", "algorithm.prompts_per_update=7 does not divide"),
     ("parallel.share_prompts=true parallel.pack_sequences=true", "two ways to pack a micro-batch"),
+    ("algorithm.kl_coef=0.001", "config key algorithm.kl_coef=0.001 asks for a KL term against a "
+                                "reference policy, which this trainer does not build"),
 ])
 def test_bad_keys_and_values_are_one_sentence(override, message):
     with pytest.raises(ConfigError) as info:
