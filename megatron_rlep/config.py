@@ -110,6 +110,9 @@ class AlgorithmConfig:
     warmup_steps: int = 10  # rollout steps of linear warm-up (every update of a step: one LR)
     warmup_from_zero: bool = False  # step k at lr * k / warmup, the first at 0 (the reference)
     weight_decay: float = 0.1
+    # false: Megatron's groups, biases and norms undecayed; true: every parameter decayed, as the
+    # reference's AdamW over all parameters (the paper presets)
+    weight_decay_all: bool = False
     grad_clip: float = 1.0
     # an update whose gradient norm is not finite is skipped (actor/skipped_updates); this many
     # in a row stop the run with a checkpoint of the weights before them (0: never stop)

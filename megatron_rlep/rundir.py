@@ -31,10 +31,17 @@ def pinned(settings: dict) -> dict:
 
 def pin_settings(run_dir: Path, settings: dict, resuming: bool, writer: bool) -> None:
     """When ``resuming`` a run directory with a checkpoint, stop in one sentence on a setting
-    that differs from ``config.json``'s; then ``writer`` (rank 0) writes ``settings`` there."""
+    that differs from ``config.json``'s; then ``writer`` (rank 0) writes ``settings`` there. A
+    key that a run from an earlier version does not list counts as its default (a new key's
+    default keeps the behaviour from before it existed)."""
+    from dataclasses import asdict
+
+    from megatron_rlep.config import Config
+
     path = run_dir / "config.json"
     if resuming and (run_dir / "checkpoints" / "latest").is_file() and path.is_file():
         before, now = pinned(json.loads(path.read_text())), pinned(settings)
+        before = {**pinned(asdict(Config())), **before}
         changed = next((k for k in now if before.get(k) != now[k]), None)
         if changed is not None:
             raise RunError(f"{run_dir} holds a run started with other settings ({changed}: "

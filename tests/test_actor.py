@@ -239,3 +239,37 @@ def test_learning_rate_counts_rollout_steps():
         pytest.approx([0.0, 1e-7, 5e-7, 1e-6, 1e-6, 1e-6], abs=1e-15)
     assert [lr(k, False) for k in (0, 8, 9, 10)] == pytest.approx([1e-7, 9e-7, 1e-6, 1e-6], abs=1e-15)
 
+
+
+DECAY = """
+import re
+import sys
+sys.path.insert(0, "tests/helpers")
+from tiny import make_model
+from megatron_rlep.actor.actor import Actor
+from megatron_rlep.config import AlgorithmConfig
+
+model = make_model(sys.argv[1], "qwen2")
+for decay_all in (False, True):
+    actor = Actor(str(model), AlgorithmConfig(weight_decay=0.1, weight_decay_all=decay_all))
+    names = {id(p): n for n, p in actor.module.named_parameters()}
+    decay = {names[id(p)]: g["weight_decay"] for g in actor.optimizer.param_groups
+             for p in g["params"]}
+    print("DECAY", decay_all, sorted({(re.sub(r"\\.\\d+\\.", ".", n) if w == 0 else "*", w)
+                                      for n, w in decay.items()}))
+"""
+
+
+def test_weight_decay_skips_biases_and_norms_unless_every_parameter_is_asked_for(tmp_path):
+    """Megatron's groups leave Qwen2's q/k/v biases and the RMSNorm weights undecayed; with
+    algorithm.weight_decay_all (the paper presets), as the reference's AdamW over all
+    parameters, every parameter decays by 0.1."""
+    result = subprocess.run([sys.executable, "-c", DECAY, str(tmp_path / "m")], capture_output=True,
+                            text=True, timeout=600, env=env(), cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("DECAY")]
+    assert lines == ["DECAY False [('*', 0.1), ('decoder.final_layernorm.weight', 0.0), "
+                     "('decoder.layers.input_layernorm.weight', 0.0), "
+                     "('decoder.layers.pre_mlp_layernorm.weight', 0.0), "
+                     "('decoder.layers.self_attention.linear_qkv.bias', 0.0)]",
+                     "DECAY True [('*', 0.1)]"], result.stdout

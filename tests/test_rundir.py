@@ -23,6 +23,15 @@ def test_a_run_resumes_only_with_the_settings_it_started_with(tmp_path):
     with pytest.raises(RunError, match=rf"^{tmp_path} holds a run started with other settings "
                                        r"\(algorithm.lr: 1e-05 there, 2e-05 now\); resume it"):
         rundir.pin_settings(tmp_path, asdict(compose(["algorithm.lr=2e-5"])), True, False)
+    # a run from before a key existed resumes while the key keeps its default
+    old = json.loads((tmp_path / "config.json").read_text())
+    del old["algorithm"]["weight_decay_all"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    rundir.pin_settings(tmp_path, later, resuming=True, writer=False)
+    with pytest.raises(RunError, match=r"\(algorithm.weight_decay_all: False there, True now\)"):
+        rundir.pin_settings(tmp_path, asdict(compose(["algorithm.lr=1e-5",
+                                                      "algorithm.weight_decay_all=true"])),
+                            True, False)
     # resume=false starts over: nothing is compared
     rundir.pin_settings(tmp_path, asdict(compose(["algorithm.lr=2e-5"])), False, True)
 

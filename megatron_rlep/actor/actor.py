@@ -142,7 +142,8 @@ class Actor:
         self.model = DistributedDataParallel(config, ddp_config, model)
         self.optimizer, self.scheduler = optim.build(
             [self.model], algorithm.lr, algorithm.weight_decay, algorithm.grad_clip,
-            algorithm.warmup_steps, algorithm.total_steps, self.dtype, distributed)
+            algorithm.warmup_steps, algorithm.total_steps, self.dtype, distributed,
+            algorithm.weight_decay_all)
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = self.model.no_sync
         config.grad_scale_func = self.optimizer.scale_loss

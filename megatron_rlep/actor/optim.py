@@ -1,6 +1,7 @@
 """Megatron-Core's optimiser and learning-rate schedule for the actor.
 
-Adam with decoupled weight decay (Megatron skips biases and norms), linear warm-up then a
+Adam with decoupled weight decay (Megatron skips biases and norms; ``decay_all`` decays every
+parameter, as the reference's AdamW over all parameters does), linear warm-up then a
 constant learning rate, gradient clipping by global norm. The schedule counts rollout steps,
 as the reference does: every optimiser update of one step runs at the same learning rate
 (``set_position``), however many mini-batches the step has. The distributed optimiser
@@ -23,8 +24,9 @@ from megatron_rlep import platform
 
 
 def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int,
-          total_steps: int, dtype: torch.dtype, distributed: bool):
-    """(optimizer, scheduler) for the DDP-wrapped ``model_chunks``."""
+          total_steps: int, dtype: torch.dtype, distributed: bool, decay_all: bool = False):
+    """(optimizer, scheduler) for the DDP-wrapped ``model_chunks``. Biases and norms (Megatron's
+    one-dimensional parameters) get no weight decay unless ``decay_all``."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(
@@ -33,7 +35,10 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
     )
     with platform.cuda_type_names():
-        optimizer = get_megatron_optimizer(config, model_chunks)
+        # no overrides ({}): every parameter in the default group, decayed; None: Megatron's
+        # standard overrides, no decay for biases and one-dimensional parameters
+        optimizer = get_megatron_optimizer(config, model_chunks,
+                                           config_overrides={} if decay_all else None)
     return optimizer, schedule(optimizer, lr, weight_decay, warmup_steps, total_steps)
 
 
