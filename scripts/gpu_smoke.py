@@ -51,11 +51,14 @@ REPO = Path(__file__).resolve().parent.parent
 def free_device() -> None:
     """After an actor is deleted: its process group gone, its memory back to the GPU (the next
     actor, or the training run's subprocess, wants it)."""
+    import gc
+
     import torch
 
     from megatron_rlep import platform
 
     platform.destroy_distributed()
+    gc.collect()  # a deleted actor frees itself (actor.py breaks its cycles); anything else too
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 

@@ -2,6 +2,7 @@
 of the transformers engine, the rollout/actor mismatch metrics, and the vLLM adapter's call
 order around sleep and weight sync (against a recording stand-in of ``vllm.LLM``)."""
 
+import gc
 import sys
 from pathlib import Path
 
@@ -137,10 +138,19 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
 
     monkeypatch.setattr(vllm, "LLM", RecordingLLM)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 2**30, 80 * 2**30))
+    start = []  # before vLLM starts: collected, cache emptied, then free memory measured
+    monkeypatch.setattr(gc, "collect", lambda: start.append("collect"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: start.append("measure") or
+                        (80 * 2**30, 80 * 2**30))
     emptied = []
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(len(RecordingLLM.calls)))
-    engine = VllmEngine(str(tiny.make_model(tmp_path / "m")), seed=3)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(len(RecordingLLM.calls))
+                        or start.append("empty"))
+    RecordingLLM.calls = []
+    model = tiny.make_model(tmp_path / "m")
+    start.clear()
+    engine = VllmEngine(str(model), seed=3)
+    assert start == (["collect", "empty", "measure"] if cuda else [])
+    emptied = emptied[1:] if cuda else emptied
     options = RecordingLLM.calls[0][1]
     assert options["logprobs_mode"] == "processed_logprobs" and options["seed"] == 3
     assert options.get("enable_sleep_mode", False) is cuda

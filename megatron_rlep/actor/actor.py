@@ -13,6 +13,7 @@ The actor knows nothing of rollouts, rewards or replay.
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Iterator, Optional
 
@@ -129,8 +130,9 @@ class Actor:
         self.share_prompts = share_prompts
         self.pack_sequences = pack_sequences
         self._positions = None  # a packed micro-batch's position ids, for the rotary embedding
-        if share_prompts:
-            model.rotary_pos_emb.register_forward_hook(self._rotary_at_positions)
+        if share_prompts:  # through a weak reference: the model must not keep the actor alive
+            rotary = weakref.WeakMethod(self._rotary_at_positions)
+            model.rotary_pos_emb.register_forward_hook(lambda *args: rotary()(*args))
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         if distributed_optimizer is None:  # auto: where it shards anything
@@ -148,6 +150,9 @@ class Actor:
         config.no_sync_func = self.model.no_sync
         config.grad_scale_func = self.optimizer.scale_loss
         self.config = config
+        # those two make reference cycles (DDP keeps config), and so do DDP's gradient hooks:
+        # when the actor goes, they go, so a deleted actor's memory is freed at once
+        weakref.finalize(self, _break_cycles, self.model, config)
         self.step = 0
         self.fused_old_logp = None  # train_step's own old log-probs, when it took them
         self.offloaded = False
@@ -479,6 +484,13 @@ class Actor:
 
     def save_hf(self, path):
         return checkpoint.save_hf(path, self.export_hf(), self.hf_path)
+
+
+def _break_cycles(model, config) -> None:
+    """A deleted actor's reference cycles, broken: the config's hooks into the DDP wrapper and
+    the optimizer, and DDP's gradient-accumulator hooks (each holds the wrapper)."""
+    config.no_sync_func = config.grad_scale_func = config.finalize_model_grads_func = None
+    getattr(model, "grad_accs", []).clear()
 
 
 def _per_sequence(mb, logp: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:

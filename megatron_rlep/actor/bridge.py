@@ -12,9 +12,12 @@ Transformer Engine specs fuse the layer norms into the following linear layer; t
 aliased to the local spec's names before the table lookup, so one table serves both specs.
 
 Loading reads only the tensors a rank needs (safetensors opened lazily). Export walks every
-parameter of the whole model in a fixed order, gathers TP shards on the owning pipeline stage,
-converts to Hugging Face tensors and broadcasts them over the pipeline group, yielding bounded
-buckets of ``(name, tensor)`` on every rank. It never writes to disk.
+parameter of the whole model in a fixed order, layer by layer (a layer's experts, from every
+expert-parallel rank, right after its dense weights, so a consumer that keeps a layer's tensors
+until the layer is whole, as vLLM's layer-wise reload does, holds one layer at a time), gathers
+TP shards on the owning pipeline stage, converts to Hugging Face tensors and broadcasts them
+over the pipeline group, yielding bounded buckets of ``(name, tensor)`` on every rank. It never
+writes to disk.
 
 This module knows nothing of RL, rollouts or optimisers.
 """
@@ -413,7 +416,8 @@ def load_hf_weights(model, hf_config, get: Callable[[str], torch.Tensor]) -> Non
 def _export_plan(model) -> list[tuple[int, int | None, str, str, torch.Size, int | None]]:
     """Every exported parameter of the whole model: (pp rank, expert-parallel rank of an
     expert's weight else None, local name, global name, full shape, tp dim), the same list in
-    the same order on every rank."""
+    the same order on every rank: layer by layer, each layer whole (its experts from every
+    expert-parallel rank included) before the next."""
     from megatron.core import parallel_state
 
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
@@ -436,13 +440,24 @@ def _export_plan(model) -> list[tuple[int, int | None, str, str, torch.Size, int
         ranks = [None] * ep_size
         dist.all_gather_object(ranks, experts, group=parallel_state.get_expert_model_parallel_group())
         experts = [entry for rank in ranks for entry in rank]
-    mine = dense + experts
+    # layer by layer, each layer's experts (from every EP rank) right after its dense weights:
+    # vLLM's layer-wise reload keeps what arrived of a layer until the layer is whole
+    mine = sorted(dense + experts, key=lambda entry: _layer_position(entry[3]))
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     if pp_size == 1:
         return mine
     stages = [None] * pp_size
     dist.all_gather_object(stages, mine, group=parallel_state.get_pipeline_model_parallel_group())
     return [entry for stage in stages for entry in stage]
+
+
+def _layer_position(global_name: str) -> float:
+    """Where a parameter goes in the export of its pipeline stage: the embedding first, then
+    each decoder layer in order, then the final norm and the output layer."""
+    layer = re.match(r"decoder\.layers\.(\d+)\.", global_name)
+    if layer:
+        return int(layer.group(1))
+    return -1 if global_name.startswith("embedding.") else float("inf")
 
 
 @torch.no_grad()

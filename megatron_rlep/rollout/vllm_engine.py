@@ -35,6 +35,7 @@ and the questions' shared instructions are prefilled once (``docs/benchmarks.md`
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -114,6 +115,10 @@ class VllmEngine:
         else:  # vLLM's own check fails later with a long traceback; say it in one sentence first
             from megatron_rlep.config import RunError
 
+            # what the actor freed (DDP's replaced parameter storage, a deleted actor's cycles)
+            # goes back to the GPU first: vLLM measures what is free, not torch's cache
+            gc.collect()
+            torch.cuda.empty_cache()
             problem = memory_problem(*torch.cuda.mem_get_info(), gpu_memory_utilization)
             if problem:
                 raise RunError(problem)

@@ -5,6 +5,7 @@
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
     actor_cpu.py offload MODEL_DIR            # two updates with the buffers offloaded between
     actor_cpu.py resume MODEL_DIR OUT         # the distributed optimizer: update, save, resume
+    actor_cpu.py export MODEL_DIR TP EP OUT   # the export's layer order and its extra memory
 
 Commands chain with ``+`` and run one after another in one process (one process group, with
 Megatron's parallel state rebuilt for each actor), so the imports are paid once:
@@ -329,6 +330,49 @@ def resume(model_dir, out):
         print(f"OK resume dp={resumed.dp_size}")
 
 
+def export(model_dir, tp, ep, out):
+    """The export's order and memory as vLLM's layer-wise reload takes it: every arrived tensor
+    of a layer is kept until the layer is whole. Writes OUT (rank 0): the layer of each exported
+    name in order, each layer's bytes not shared with a parameter (copies, gathers, another
+    rank's experts), and the most such bytes alive at once, counted by weak references to every
+    exported tensor while the stand-in consumer holds each layer until it is complete."""
+    import re
+    import weakref
+    from collections import Counter
+
+    from megatron_rlep.actor.actor import Actor
+
+    def layer_of(name):
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        return int(m.group(1)) if m else None
+
+    actor = Actor(model_dir, algorithm(), tp, 1, micro_batch_size=3, expert_parallel=ep,
+                  sequence_parallel=tp > 1)
+    order = [layer_of(k) for bucket in actor.export_hf(bucket_bytes=1) for k, _ in bucket]
+    expected = Counter(layer for layer in order if layer is not None)
+    params = {p.untyped_storage().data_ptr() for p in actor.module.parameters()}
+    held, arrived, extra, alive, peak = {}, Counter(), Counter(), [], 0
+    for bucket in actor.export_hf(bucket_bytes=1):
+        for name, tensor in bucket:
+            layer = layer_of(name)
+            if layer is None:
+                continue
+            if tensor.untyped_storage().data_ptr() not in params:
+                nbytes = tensor.numel() * tensor.element_size()
+                extra[layer] += nbytes
+                alive.append((weakref.ref(tensor), nbytes))
+            held.setdefault(layer, []).append(tensor)
+            arrived[layer] += 1
+            peak = max(peak, sum(n for ref, n in alive if ref() is not None))
+            if arrived[layer] == expected[layer]:
+                del held[layer]  # the layer is whole: loaded, its tensors freed
+        del bucket, name, tensor
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        Path(out).write_text(json.dumps({"order": order, "layer_bytes": extra, "peak": peak,
+                                         "held_at_end": len(held)}))
+        print(f"OK export tp={tp} ep={ep} peak={peak}")
+
+
 def load(model_dir, outs):
     from safetensors.torch import load_file
 
@@ -373,6 +417,8 @@ if __name__ == "__main__":
             offload(args[0])
         elif command == "resume":
             resume(args[0], args[1])
+        elif command == "export":
+            export(args[0], int(args[1]), int(args[2]), args[3])
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
