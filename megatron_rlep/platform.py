@@ -90,12 +90,14 @@ def have_transformer_engine() -> bool:
 def layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False,
                transformer_engine: bool | None = None, num_experts: int | None = None):
     """Transformer Engine layer specs (by default when TE imports), Megatron-Core's local specs
-    otherwise. ``num_experts``: MoE layers whose experts run one after another (SequentialMLP)."""
+    otherwise. ``num_experts``: MoE layers; with Transformer Engine a rank's experts run as one
+    grouped GEMM (TEGroupedMLP), with the local specs one after another (SequentialMLP)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if have_transformer_engine() if transformer_engine is None else transformer_engine:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=qk_layernorm)
+            num_experts=num_experts, moe_grouped_gemm=bool(num_experts),
+            qk_layernorm=qk_layernorm)
     if num_experts:
         _router_without_transformer_engine()
     return gpt_layer_specs.get_gpt_layer_local_spec(

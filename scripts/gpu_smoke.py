@@ -11,7 +11,9 @@
    nats apart on average in bf16 (1e-4 in fp32).
    The NaN guard: an update whose advantages are NaN (so its gradients are) is skipped and
    leaves the weights as they were (Megatron-Core's own step would apply it in bf16).
-   The same parity checks on a small random Qwen3-MoE (Megatron-Core's MoE layer and router).
+   The same parity checks on a small random Qwen3-MoE (Megatron-Core's MoE layer and router),
+   whose experts must run as Transformer Engine's grouped GEMM (TEGroupedMLP) where TE is in
+   use, with an exact export through the grouped weights' names.
 2. Two RL steps of the trainer (rollout.engine=auto: vLLM where it imports) with packed
    sequences and rollout.check_sync=true: after each weight sync the engine's log-probs of a
    fixed sequence must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
@@ -82,6 +84,7 @@ def logprob_parity(model: str, dtype: str) -> dict:
         return torch.log_softmax(logits[0, :-1].float().cpu(), -1).gather(-1, targets)[:, 0]
 
     ours = logp(actor.logits(ids))
+    layout = expert_layout(actor)
     packing = packing_parity(actor, tokenizer, dtype)
     guard = nan_guard(actor, tokenizer)
     reference = {}
@@ -101,7 +104,30 @@ def logprob_parity(model: str, dtype: str) -> dict:
     result["allowed_mean"] = allowed
     result["packing"], result["nan_guard"] = packing, guard
     result["ok"] = result["actor_vs_fp32_mean"] <= allowed and packing["ok"] and guard["ok"]
+    if layout is not None:
+        result["experts"] = layout
+        result["ok"] = result["ok"] and layout["ok"]
     return result
+
+
+def expert_layout(actor) -> dict | None:
+    """A MoE actor's expert module, which must be Transformer Engine's grouped GEMM
+    (TEGroupedMLP) with TE's layers and SequentialMLP without, and whether its export (through
+    the grouped weights' names) gives back the checkpoint's tensors exactly, in the actor's
+    dtype. None for a dense model."""
+    import torch
+    from safetensors.torch import load_file
+
+    experts = getattr(actor.module.decoder.layers[0].mlp, "experts", None)
+    if experts is None:
+        return None
+    kind = type(experts).__name__
+    want = "TEGroupedMLP" if actor.transformer_engine else "SequentialMLP"
+    source = {k: v for f in Path(actor.hf_path).glob("*.safetensors") for k, v in load_file(f).items()}
+    exported = {k: v.cpu() for bucket in actor.export_hf() for k, v in bucket}
+    exact = exported.keys() == source.keys() and all(
+        torch.equal(v, source[k].to(v.dtype)) for k, v in exported.items())
+    return {"module": kind, "expected": want, "export_exact": exact, "ok": kind == want and exact}
 
 
 def nan_guard(actor, tokenizer) -> dict:

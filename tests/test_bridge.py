@@ -50,3 +50,24 @@ def test_an_unknown_family_and_moe_without_sequence_parallelism_stop_in_one_sent
         bridge.family(tf.GemmaConfig(**SMALL))
     with pytest.raises(bridge.ModelError, match="needs parallel.sequence_parallel=true"):
         bridge.transformer_config(moe(), 2, 1, torch.float32, cpu=True)
+
+
+def test_grouped_gemm_expert_names_map_to_the_sequential_table():
+    """Transformer Engine's TEGroupedMLP holds a rank's experts as ``linear_fc1.weight<k>`` (one
+    weight per GEMM); the bridge aliases them to SequentialMLP's ``local_experts.<k>`` and then
+    to the global expert, so the one Qwen3-MoE table loads and exports both (a GPU checks the
+    real module: scripts/gpu_smoke.py's MoE parity)."""
+    from types import SimpleNamespace
+
+    from megatron_rlep.actor.bridge import QWEN3_MOE, _global_name, _rule
+
+    layer = SimpleNamespace(layer_number=3, mlp=SimpleNamespace(local_expert_indices=[4, 5, 6, 7]))
+    model = SimpleNamespace(decoder=SimpleNamespace(layers=[layer]))  # EP rank 1 of 2, 8 experts
+    assert _global_name(model, "decoder.layers.0.mlp.experts.linear_fc1.weight1") == \
+        "decoder.layers.2.mlp.experts.local_experts.5.linear_fc1.weight"
+    assert _global_name(model, "decoder.layers.0.mlp.experts.linear_fc2.weight3") == \
+        _global_name(model, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc2.weight") == \
+        "decoder.layers.2.mlp.experts.local_experts.7.linear_fc2.weight"
+    rule = _rule(QWEN3_MOE, "decoder.layers.2.mlp.experts.local_experts.5.linear_fc1.weight")
+    assert rule.names() == ("model.layers.2.mlp.experts.5.gate_proj.weight",
+                            "model.layers.2.mlp.experts.5.up_proj.weight")

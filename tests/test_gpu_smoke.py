@@ -33,6 +33,11 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     assert report["parity"]["packing"]["packed_vs_padded_max"] <= 1e-4  # THD against padded
     assert report["parity"]["nan_guard"] == {"skipped": True, "weights_unchanged": True, "ok": True}
     assert report["moe_parity"]["ok"] and report["moe_parity"]["actor_vs_fp32_mean"] <= 1e-4
+    # the CPU's experts one after another; on a GPU with TE the check wants TEGroupedMLP
+    assert report["moe_parity"]["experts"] == {"module": "SequentialMLP",
+                                               "expected": "SequentialMLP",
+                                               "export_exact": True, "ok": True}
+    assert "experts" not in report["parity"]  # a dense model
     steps = report["steps"]
     assert len(steps["sync/max_logprob_diff"]) == 2
     assert all(d <= 1e-3 for d in steps["sync/max_logprob_diff"])

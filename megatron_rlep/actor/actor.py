@@ -72,7 +72,8 @@ def build_module(hf_config, tensor_parallel: int, pipeline_parallel: int, dtype:
                                        cpu=not platform.has_cuda(), recompute=recompute,
                                        sequence_parallel=sequence_parallel,
                                        expert_parallel=expert_parallel,
-                                       router_aux_loss=router_aux_loss)
+                                       router_aux_loss=router_aux_loss,
+                                       grouped_gemm=transformer_engine)
     spec = platform.layer_spec(transformer_engine=transformer_engine,
                                **bridge.spec_options(hf_config))
     if not transformer_engine:

@@ -8,7 +8,8 @@ A model family is one short table from Megatron-Core parameter names (global lay
   group g), so a contiguous TP slice holds whole groups;
 * ``GateUp``: the fused SwiGLU ``linear_fc1`` holds, on TP rank r, ``[gate_r; up_r]``.
 
-Transformer Engine specs fuse the layer norms into the following linear layer; their names are
+Transformer Engine specs fuse the layer norms into the following linear layer, and run a rank's
+experts as one grouped GEMM (one weight per expert, ``linear_fc1.weight<k>``); their names are
 aliased to the local spec's names before the table lookup, so one table serves both specs.
 
 Loading reads only the tensors a rank needs (safetensors opened lazily). Export walks every
@@ -196,18 +197,19 @@ def unsupported(hf_config, expert_parallel: int = 1) -> str | None:
     return None
 
 
-def _moe_settings(c, expert_parallel: int, router_aux_loss: float) -> dict:
+def _moe_settings(c, expert_parallel: int, router_aux_loss: float, grouped_gemm: bool) -> dict:
     """Megatron-Core MoE settings equal to a Qwen3-MoE block: softmax router, top-k (renormalised
-    when ``norm_topk_prob``: Megatron's top-k-then-softmax; else softmax-then-top-k), experts
-    one after another on this rank (SequentialMLP: the local specs' and any platform's), tokens
-    to the experts' ranks by all-to-all, experts not split over TP (expert TP 1)."""
+    when ``norm_topk_prob``: Megatron's top-k-then-softmax; else softmax-then-top-k), a rank's
+    experts as one grouped GEMM (``grouped_gemm``: Transformer Engine's TEGroupedMLP) or one
+    after another (SequentialMLP: the local specs'), tokens to the experts' ranks by all-to-all,
+    experts not split over TP (expert TP 1)."""
     if c.model_type != "qwen3_moe":
         return {}
     return dict(
         num_moe_experts=c.num_experts, moe_router_topk=c.num_experts_per_tok,
         moe_ffn_hidden_size=c.moe_intermediate_size, moe_router_pre_softmax=not c.norm_topk_prob,
         moe_router_score_function="softmax", moe_token_dispatcher_type="alltoall",
-        moe_grouped_gemm=False, expert_model_parallel_size=expert_parallel,
+        moe_grouped_gemm=grouped_gemm, expert_model_parallel_size=expert_parallel,
         expert_tensor_parallel_size=1, moe_aux_loss_coeff=router_aux_loss,
         moe_router_load_balancing_type="aux_loss" if router_aux_loss else "none")
 
@@ -222,13 +224,14 @@ def spec_options(hf_config) -> dict:
 def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
                        dtype: torch.dtype, cpu: bool, recompute: str = "none",
                        sequence_parallel: bool = False, expert_parallel: int = 1,
-                       router_aux_loss: float = 0.0):
+                       router_aux_loss: float = 0.0, grouped_gemm: bool = False):
     """Megatron-Core ``TransformerConfig`` equivalent to a Hugging Face config of a family above.
     ``recompute``: none; selective (core attention recomputed in the backward pass, Megatron's
     default modules); full (only each layer's input kept, the layer recomputed).
     ``sequence_parallel`` (with TP > 1) splits the norms' and residuals' activations over TP.
     ``expert_parallel`` spreads a MoE model's experts over that many ranks; ``router_aux_loss``
-    is the router's load-balancing loss coefficient (0: off, the RL default)."""
+    is the router's load-balancing loss coefficient (0: off, the RL default); ``grouped_gemm``
+    runs a rank's experts as one grouped GEMM (with Transformer Engine's layer specs only)."""
     from megatron.core.transformer import TransformerConfig
 
     family(hf_config)
@@ -268,7 +271,8 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         sequence_parallel=sequence_parallel and tensor_parallel > 1,
         calculate_per_token_loss=True,
         cuda_graph_scope=[],  # the default "full" only warns that it is deprecated
-        **RECOMPUTE[recompute], **_moe_settings(c, expert_parallel, router_aux_loss),
+        **RECOMPUTE[recompute], **_moe_settings(c, expert_parallel, router_aux_loss,
+                                                          grouped_gemm),
     )
     # Micro-batches are padded to their own length, so pipeline stages exchange shapes. Set
     # after construction: the constructor's check on this flag concerns MoE dispatchers only.
@@ -293,7 +297,7 @@ def gpt_model(hf_config, config, layer_spec):
         rope_scaling_factor=float(rope.get("factor", 8.0)),
     )
     for name, param in model.named_parameters():
-        if ".local_experts." in name:  # Megatron tags them so only at expert parallel > 1
+        if ".mlp.experts." in name:  # Megatron tags them so only at expert parallel > 1
             param.allreduce = False  # an expert's: reduced over the expert data-parallel group
     return model
 
@@ -311,12 +315,16 @@ def rope_parameters(hf_config) -> dict:
 
 def _global_name(model, local_name: str) -> str:
     """``decoder.layers.<local>.x`` -> ``decoder.layers.{global}.x``, a local expert's index ->
-    the global one, TE names aliased."""
+    the global one, TE names aliased (TEGroupedMLP's ``linear_fc1.weight<k>`` to SequentialMLP's
+    ``local_experts.<k>.linear_fc1.weight``, so one table serves both)."""
     m = re.match(r"decoder\.layers\.(\d+)\.(.+)", local_name)
     if not m:
         return local_name
     layer = model.decoder.layers[int(m.group(1))]
     rest = TE_ALIASES.get(m.group(2), m.group(2))
+    grouped = re.match(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)$", rest)
+    if grouped:  # TEGroupedMLP's GEMM k is local expert k: SequentialMLP's name for it
+        rest = f"mlp.experts.local_experts.{grouped.group(2)}.{grouped.group(1)}.weight"
     expert = re.match(r"mlp\.experts\.local_experts\.(\d+)\.(.+)", rest)
     if expert:
         index = layer.mlp.local_expert_indices[int(expert.group(1))]
