@@ -355,7 +355,8 @@ def planner_against_measured(model: str, overrides: list[str], result: dict) -> 
     p, longest = cfg.parallel, cfg.data.max_prompt_length + cfg.rollout.max_response_length
     arch = memory_plan.Arch.from_hf(json.loads((Path(model) / "config.json").read_text()))
     vllm = cfg.rollout.gpu_memory_utilization if engine_kind("auto") == "vllm" else 0.0
-    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * 2**30
+    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else \
+        memory_plan.H100_80GB * memory_plan.GIB
     plan = memory_plan.plan(arch, 1, 1, 1, p.micro_batch_size * longest,
                             p.micro_batch_size * cfg.rollout.max_response_length, p.recompute,
                             False, False, p.bf16_grads, p.logprob_chunk_tokens, vllm, gpu)

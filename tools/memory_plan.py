@@ -1,7 +1,7 @@
 """Per-GPU memory of a training preset on a given cluster layout, term by term, with formulas.
 
     python tools/memory_plan.py experiment=dapo_nodyn_bs64 [--nodes 8] [--gpus-per-node 8] \
-        [--gpu-gib 80] [--arch qwen2.5-7b] [--markdown] [--step-seconds 160] [--nvls] \
+        [--gpu-gib 79.2] [--arch qwen2.5-7b] [--markdown] [--step-seconds 160] [--nvls] \
         [--write-gbps 2] [key=value ...]
 
 The model's shape comes from ``model.path``'s config.json when that exists, else from --arch
@@ -20,17 +20,22 @@ the actor's layout, T = tokens of the longest micro-batch, R = its response toke
   softmax and entropy products (4 each), and in backward their fp32 and bf16 gradients (4 + 2);
   only a chunk's rows at a time when log-probs are computed in chunks;
 - the output layer's weight gradient before it joins the gradient buffer: vocab/tp x h x 4;
-- NCCL's buffers: 2 GiB, 6 GiB with NVLS (``--nvls``; NCCL builds about 2 GiB per communicator
-  for NVLS on NVSwitch nodes, and a rank here uses several: world, data-, tensor- and
-  model-parallel); slurm/common.sh sets NCCL_NVLS_ENABLE=0, as NVIDIA's NeMo launcher does, so
-  the plan's default is without;
+- NCCL's buffers: 0.5 GiB for each of about six communicators a rank uses (world, data-,
+  tensor-, model-parallel, tensor-and-data, and vLLM's own), 3 GiB; with NVLS (``--nvls``) about
+  1 GiB more each, 9 GiB; slurm/common.sh sets NCCL_NVLS_ENABLE=0, as NVIDIA's NeMo launcher
+  does, so the plan's default is without;
 - the allocator's fragmentation: 2 GiB (PyTorch's caching allocator keeps 1-3 GiB it cannot
   hand out at these sizes);
 - the colocated vLLM engine: during rollout it may take ``rollout.gpu_memory_utilization`` of
-  the GPU (its weights, 2 bytes x all parameters / rollout.tensor_parallel, then KV cache in
-  the rest); asleep during the update
-  (level 1 or 2) it keeps only its CUDA context and graph pool (about 2 GiB, assumed).
-A CUDA context of about 1 GiB per process is added. Peaks: rollout = actor's weights, gradients
+  the GPU: its weights (2 bytes x all parameters / rollout.tensor_parallel), its own reserve
+  (the activation peak it profiles at start-up: a forward of 16,384 batched tokens through the
+  widest layer, (3f + 2h) x 2 bytes a token / rollout TP, and the sampler's fp32 logits and
+  probabilities of 1,024 sequences, V x 8 bytes each; plus its CUDA-graph pool, 1 GiB assumed),
+  then KV cache in the rest; asleep during the update (level 1 or 2) it keeps only its CUDA
+  context and graph pool (about 2 GiB, assumed).
+A CUDA context of about 2.5 GiB per process is added: the context itself with torch's,
+Transformer Engine's, Triton's and vLLM's kernels loaded, and cuBLAS's workspaces. The GPU's
+size is what the device reports as usable: 79.2 GiB for an 80 GB H100 (``--gpu-gib``). Peaks: rollout = actor's weights, gradients
 and optimizer + context + NCCL + fragmentation + vLLM's share; update = the same without vLLM's
 share + activations + logits + the output layer's weight gradient + vLLM asleep. With
 ``parallel.offload_during_rollout`` the rollout holds neither gradients nor optimizer state. vLLM starts
@@ -50,10 +55,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 2**30
-CUDA_CONTEXT = 1.0 * GIB
+H100_80GB = 79.2  # GiB an 80 GB H100 reports to torch (85.0e9 bytes)
+CUDA_CONTEXT = 2.5 * GIB
 VLLM_ASLEEP = 2.0 * GIB
-NCCL = 2.0 * GIB
-NCCL_NVLS = 6.0 * GIB
+NCCL_COMMUNICATORS = 6
+NCCL = NCCL_COMMUNICATORS * 0.5 * GIB
+NCCL_NVLS = NCCL_COMMUNICATORS * 1.5 * GIB
+VLLM_BATCHED_TOKENS = 16384  # vLLM's default max_num_batched_tokens for the offline LLM
+VLLM_MAX_SEQS = 1024  # and its max_num_seqs, on a GPU of 70 GiB or more
+VLLM_GRAPHS = 1.0 * GIB  # its CUDA-graph pool (assumed)
 FRAGMENTATION = 2.0 * GIB
 LOGIT_BYTES = 24
 SIGNAL_LEAD = 300  # seconds: slurm/train.sbatch's and sweep.sbatch's --signal=B:USR1@300
@@ -116,7 +126,7 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
          recompute: str = "none", sequence_parallel: bool = False,
          distributed_optimizer: bool = True,
          bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
-         gpu_bytes: float = 80 * GIB, rollout_tp: int = 1, nvls: bool = False,
+         gpu_bytes: float = H100_80GB * GIB, rollout_tp: int = 1, nvls: bool = False,
          offload: bool = False, ep: int = 1) -> dict:
     """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
     1F1B, pp micro-batches in flight), and the rollout and update peaks. A MoE model's experts
@@ -161,6 +171,8 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
     }
     vllm_rollout = vllm_utilization * gpu_bytes
     vllm_weights = 2 * arch.params() / rollout_tp if vllm_utilization else 0.0
+    vllm_reserve = vllm_own_reserve(arch, rollout_tp) if vllm_utilization else 0.0
+    vllm_kv = max(vllm_rollout - vllm_weights - vllm_reserve, 0.0)
     static = sum(terms[t] for t in ("weights", "gradients", "optimizer", "cuda_context", "nccl",
                                     "fragmentation"))
     # parallel.offload_during_rollout: gradient buffers freed, optimizer state in host memory
@@ -169,15 +181,26 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
     update_peak = static + terms["activations"] + terms["logits"] + terms["output_wgrad"] + \
         (VLLM_ASLEEP if vllm_utilization else 0)
     return {**terms, "vllm_rollout": vllm_rollout, "vllm_weights": vllm_weights,
-            "vllm_kv_cache": max(vllm_rollout - vllm_weights, 0.0),
-            "kv_tokens": max(vllm_rollout - vllm_weights, 0.0) * rollout_tp
-            / (2 * arch.layers * arch.kv_heads * arch.head_dim * 2), "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
+            "vllm_reserve": vllm_reserve, "vllm_kv_cache": vllm_kv,
+            "kv_tokens": vllm_kv * rollout_tp / (2 * arch.layers * arch.kv_heads * arch.head_dim * 2),
+            "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
             # vLLM's start-up check: this much must be free when the engine starts
             "vllm_startup_free": gpu_bytes - resident,
             "vllm_starts": gpu_bytes - resident >= vllm_rollout,
             "rollout_peak": rollout_peak, "update_peak": update_peak,
             "peak": max(rollout_peak, update_peak), "gpu": gpu_bytes,
             "params_total": arch.params(), "params_shard": shard}
+
+
+def vllm_own_reserve(arch: Arch, rollout_tp: int) -> float:
+    """What vLLM keeps of its share beside weights and KV cache: the activation peak of its
+    start-up profile (a forward of ``VLLM_BATCHED_TOKENS`` through the widest layer, the gated
+    MLP's three f-wide tensors and two h-wide ones in bf16, over its TP; the sampler's fp32
+    logits and probabilities for ``VLLM_MAX_SEQS`` sequences, the whole vocabulary on every
+    rank) and its CUDA-graph pool."""
+    width = arch.topk * arch.expert_ffn if arch.experts else arch.ffn
+    forward = VLLM_BATCHED_TOKENS * (3 * width + 2 * arch.hidden) * 2 / rollout_tp
+    return forward + VLLM_MAX_SEQS * arch.vocab * 8 + VLLM_GRAPHS
 
 
 def arch_for(model_path: str, name: str | None) -> Arch:
@@ -222,7 +245,7 @@ def fitting_layout(arch: Arch, world: int, gpus_per_node: int, longest: int,
 def table(result: dict) -> list[tuple[str, float]]:
     order = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
              "cuda_context", "nccl", "fragmentation", "vllm_rollout", "vllm_weights",
-             "vllm_kv_cache", "vllm_asleep", "rollout_peak", "update_peak"]
+             "vllm_reserve", "vllm_kv_cache", "vllm_asleep", "rollout_peak", "update_peak"]
     return [(name, result[name] / GIB) for name in order]
 
 
@@ -230,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--gpu-gib", type=float, default=80.0)
+    parser.add_argument("--gpu-gib", type=float, default=H100_80GB,
+                        help="usable GPU memory, as torch reports it (an 80 GB H100: 79.2)")
     parser.add_argument("--arch", choices=sorted(ARCHS), help="when model.path has no config.json")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
     parser.add_argument("--step-seconds", type=float, default=160.0,
