@@ -21,7 +21,12 @@ torchrun gives its ranks only torchrun's 30-second grace before SIGKILL.
 
 from __future__ import annotations
 
-import json
+if __name__ == "__main__":  # a mistyped key, value or preset: said before torch and Megatron load
+    from megatron_rlep.cli import check_command_line
+
+    check_command_line("config")
+
+import json  # noqa: E402
 import math
 import os
 import random

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -28,7 +29,7 @@ LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "dp2": (1, 1, 1)}  # (tp, pp, ep)
 MOE_LAYOUTS = {**LAYOUTS, "ep2": (1, 1, 2), "ep2tp2": (2, 1, 2)}
 
 
-def run(*args, nproc=1, timeout=600):
+def run(*args, nproc=1, timeout=scaled(600)):
     argv = [*launcher(nproc), str(SCRIPT), *map(str, args)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(argv))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -168,7 +169,7 @@ def test_export_tool_writes_any_saved_step_as_the_actors_own_export(families, ki
     tool = Path(__file__).resolve().parent.parent / "tools" / "export_hf.py"
     argv = [sys.executable, str(tool), str(run_dir), *(["--best"] if which == "best" else
                                                         ["--step", "1"])]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env(argv))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(300), env=env(argv))
     assert result.returncode == 0, result.stderr[-3000:]
     out = run_dir / ("hf-best" if which == "best" else "hf-step-000001")
     assert f"exported step 1 of {run_dir}" in result.stdout and str(out) in result.stdout
@@ -183,7 +184,7 @@ def test_export_tool_writes_any_saved_step_as_the_actors_own_export(families, ki
         assert torch.equal(exported[name], tensor), name
     assert (out / "config.json").is_file() and not (run_dir / f"{out.name}.partial").exists()
     missing = subprocess.run([*argv[:3], "--step", "7"], capture_output=True, text=True,
-                             timeout=300, env=env(argv))
+                             timeout=scaled(300), env=env(argv))
     assert missing.returncode == 2 and missing.stderr.strip() == (
         f"error: {run_dir} has no checkpoint of step 7; the saved steps are 1 and --best")
 
@@ -214,7 +215,7 @@ print("DIFF", diff, "EXACT", exact, "TOKENS", ids.shape[1], "NOISE", noise)
 def test_smollm2_logits_match_transformers():
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     result = subprocess.run([sys.executable, "-c", SMOLLM2], capture_output=True, text=True,
-                            timeout=600, env=env)
+                            timeout=scaled(600), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     line = result.stdout.strip().splitlines()[-1].split()
     diff, noise = float(line[1]), float(line[7])
@@ -283,7 +284,7 @@ def test_weight_decay_skips_biases_and_norms_unless_every_parameter_is_asked_for
     algorithm.weight_decay_all (the paper presets), as the reference's AdamW over all
     parameters, every parameter decays by 0.1."""
     result = subprocess.run([sys.executable, "-c", DECAY, str(tmp_path / "m")], capture_output=True,
-                            text=True, timeout=600, env=env(), cwd=Path(__file__).parent.parent)
+                            text=True, timeout=scaled(600), env=env(), cwd=Path(__file__).parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("DECAY")]
     assert lines == ["DECAY False [('*', 0.1), ('decoder.final_layernorm.weight', 0.0), "
@@ -328,7 +329,7 @@ def test_a_deleted_actor_frees_its_parameters_at_once(tmp_path):
     script's parent still held about 52 GiB when its child started); with shared prompts too,
     whose rotary hook held the actor."""
     result = subprocess.run([sys.executable, "-c", FREED, str(tmp_path / "m")], capture_output=True,
-                            text=True, timeout=600, env=env(), cwd=Path(__file__).parent.parent)
+                            text=True, timeout=scaled(600), env=env(), cwd=Path(__file__).parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("ALIVE")]
     assert lines == ["ALIVE False [False, False, False, False]",

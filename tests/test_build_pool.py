@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
@@ -24,7 +25,7 @@ def command(out, *extra, model="smollm2-135m", nproc=1, engine="transformers"):
             "progress=false", f"out={out}", *extra]
 
 
-def run(cmd, timeout=900):
+def run(cmd, timeout=scaled(900)):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(cmd))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
@@ -80,7 +81,7 @@ def test_kill_and_resume_finishes_without_loss_duplication_or_redone_shards(tiny
     killed = tmp_path / "killed"
     proc = subprocess.Popen(command(killed, *TINY, model=tiny_model), env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
+    deadline = time.time() + scaled(300)
     while not (killed / "shard-00001.json").exists() and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
@@ -127,7 +128,7 @@ def test_a_tp2_vllm_engine_over_two_ranks_builds_every_shard_once(tiny_model, tm
     out = tmp_path / "tp2"
     result = subprocess.run(cmd := command(out, *TINY, "rollout.tensor_parallel=2", model=tiny_model,
                                            engine="vllm", nproc=2),
-                            capture_output=True, text=True, timeout=900, env=env(cmd))
+                            capture_output=True, text=True, timeout=scaled(900), env=env(cmd))
     assert result.returncode == 0, result.stderr[-4000:]
     assert "1 engine(s) of tensor parallel size 2 over 2 rank(s)" in result.stdout
     manifest = json.loads((out / "manifest.json").read_text())
@@ -138,7 +139,7 @@ def test_a_tp2_vllm_engine_over_two_ranks_builds_every_shard_once(tiny_model, tm
 def test_other_settings_into_the_same_directory_are_refused(tiny_model, straight, tmp_path):
     shutil.copytree(straight, tmp_path / "pool")
     result = subprocess.run(command(tmp_path / "pool", *TINY, "temperature=1.0", model=tiny_model),
-                            capture_output=True, text=True, env=env(), timeout=600)
+                            capture_output=True, text=True, env=env(), timeout=scaled(600))
     assert result.returncode == 2
     assert "other settings (sampling" in result.stderr and "new out=" in result.stderr
 

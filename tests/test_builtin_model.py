@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from speed import scaled
 
 from megatron_rlep import builtin_model
 
@@ -35,7 +36,7 @@ def test_a_paper_preset_without_its_checkpoint_stops_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "megatron_rlep.train", "experiment=dapo_nodyn_bs64",
                            f"run_dir={tmp_path}", "logging.wandb=disabled",
                            "model.needs_gpu=false"],  # past the GPU check on this CPU machine
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=scaled(300), env=env)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: model.path /checkpoints/Qwen2.5-Math-7B does not exist;")
@@ -47,7 +48,7 @@ def test_interrupted_conversion_never_loads_then_converts_once(tmp_path):
     env = dict(os.environ, MEGATRON_RLEP_CACHE=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-c", CONVERT], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
+    deadline = time.time() + scaled(300)
     while not list(tmp_path.glob(".smollm2-135m-*")) and time.time() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGSTOP)  # frozen mid-conversion: its temporary directory exists
@@ -58,7 +59,7 @@ def test_interrupted_conversion_never_loads_then_converts_once(tmp_path):
     assert not (tmp_path / "smollm2-135m").exists(), "a killed conversion left a loadable cache"
 
     done = subprocess.run([sys.executable, "-c", CONVERT], env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=scaled(600))
     assert done.returncode == 0, done.stderr[-2000:]
     target = tmp_path / "smollm2-135m"
     assert done.stdout.strip() == str(target)
@@ -68,7 +69,7 @@ def test_interrupted_conversion_never_loads_then_converts_once(tmp_path):
     stamp = (target / "model.safetensors").stat().st_mtime_ns
 
     again = subprocess.run([sys.executable, "-c", CONVERT], env=env, capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=scaled(120))
     assert again.stdout.strip() == str(target)
     assert (target / "model.safetensors").stat().st_mtime_ns == stamp, "converted twice"
 

@@ -4,13 +4,14 @@ on the same environment with two packages' metadata shadowed by out-of-bounds ve
 import subprocess
 import sys
 from pathlib import Path
+from speed import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def check_env(*args, env=None):
     return subprocess.run([sys.executable, str(REPO / "scripts" / "check_env.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=scaled(300))
 
 
 def fake_dist(root: Path, name: str, version: str, *requires: str) -> None:

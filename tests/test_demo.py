@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 from megatron_rlep.config import compose
 from megatron_rlep.demo import plan, split_arguments, training_overrides
@@ -22,7 +23,7 @@ SHORT = ["algorithm.total_steps=2", "data.levels=[1,2]", "data.train_size=4", "d
          "eval_samples=2"]
 
 
-def demo(out: Path, *extra: str, timeout=900) -> subprocess.CompletedProcess:
+def demo(out: Path, *extra: str, timeout=scaled(900)) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"out={out}", *SHORT,
                            *extra], capture_output=True, text=True, timeout=timeout)
 
@@ -62,7 +63,7 @@ def test_stage_sizes_follow_the_training_and_heldout_files(tmp_path):
 
 def test_a_wrong_training_key_is_one_sentence(tmp_path):
     done = subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"out={tmp_path}",
-                           "algorithm.total_stepz=3"], capture_output=True, text=True, timeout=120)
+                           "algorithm.total_stepz=3"], capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: config key algorithm.total_stepz is unknown")
@@ -80,13 +81,13 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     # SIGTERM once the baseline logged a step: the stage stops, the demo says how to go on
     first = subprocess.Popen([sys.executable, "-m", "megatron_rlep.demo", f"out={out}", *SHORT],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
+    deadline = time.time() + scaled(600)
     while time.time() < deadline and not (
             (out / "baseline" / "metrics.jsonl").is_file() and
             '"time/step_s"' in (out / "baseline" / "metrics.jsonl").read_text()):
         time.sleep(1)
     first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=600)
+    _, err = first.communicate(timeout=scaled(600))
     assert first.returncode == 143, err[-3000:]
     assert err.strip().splitlines()[-1] == ("stopped during stage baseline; the same command "
                                             "resumes from there")
@@ -159,7 +160,7 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     assert "[5/5] eval-rlep" in done.stderr  # the live display named every stage
 
     # the same command again: every stage is done, the report is rebuilt from the same files
-    again = demo(out, timeout=300)
+    again = demo(out, timeout=scaled(300))
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("done before") == 5
     assert json.loads((out / "report.json").read_text()) == report
@@ -167,13 +168,13 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     stages = json.loads((out / "stages.json").read_text())
     del stages["eval-rlep"]
     (out / "stages.json").write_text(json.dumps(stages))
-    resumed = demo(out, timeout=300)
+    resumed = demo(out, timeout=scaled(300))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.count("done before") == 4
     assert (out / "logs" / "eval-rlep.log").read_text().count("$ ") == 2
     assert (out / "logs" / "baseline.log").read_text().count("$ ") == 2  # stopped, resumed
     # the compute-matched control added to the finished demo: two more stages, the rest kept
-    matched = demo(out, "compare=matched", timeout=600)
+    matched = demo(out, "compare=matched", timeout=scaled(600))
     assert matched.returncode == 0, matched.stderr[-3000:]
     assert matched.stdout.count("done before") == 5 and "[4/7] matched" in matched.stderr
     with_control = json.loads((out / "report.json").read_text())
@@ -188,7 +189,7 @@ def test_shortened_demo_reports_what_its_stages_logged(tmp_path):
     assert "Compute-matched control (DAPO with G = 4" in (out / "report.md").read_text()
     assert with_control["runs"]["rlep"] == runs["rlep"]
     # other settings into the same directory are refused in one sentence, nothing is lost
-    refused = demo(out, "replay_per_prompt=1", timeout=120)
+    refused = demo(out, "replay_per_prompt=1", timeout=scaled(120))
     assert refused.returncode == 2
     assert "was started with other settings (replay_per_prompt: 2 there, 1 now)" in refused.stderr
     assert json.loads((out / "report.json").read_text())["runs"]["rlep"] == runs["rlep"]
@@ -383,7 +384,7 @@ def test_a_killed_entry_point_or_demo_leaves_no_process_behind(tmp_path):
         if pid_file is None:
             child = int(parent.stdout.readline())
         else:
-            deadline = time.time() + 60
+            deadline = time.time() + scaled(60)
             while not (pid_file.is_file() and pid_file.read_text()) and time.time() < deadline:
                 time.sleep(0.1)
             child = int(pid_file.read_text())

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
@@ -23,7 +24,7 @@ def command(out, *extra, nproc=1, engine="transformers"):
 
 
 def run(cmd, expect=0):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(900), env=env(cmd))
     assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-4000:]
     return result
 

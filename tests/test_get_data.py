@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import hub_cache  # noqa: E402
 import tiny  # noqa: E402
+from speed import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT = "a" * 40
@@ -17,7 +18,7 @@ COMMIT = "a" * 40
 
 def get_data(out, *args):
     return subprocess.run([sys.executable, str(REPO / "tools" / "get_data.py"), *args, "--out",
-                           str(out)], capture_output=True, text=True, timeout=300,
+                           str(out)], capture_output=True, text=True, timeout=scaled(300),
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
@@ -21,11 +22,11 @@ pytestmark = pytest.mark.e2e
 def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     model = tiny.make_model(tmp_path / "model")
     refused = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "refused")],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=scaled(120))
     assert refused.returncode == 2 and "no CUDA device is visible" in refused.stderr
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), "--allow-cpu",
                            "--model", str(model), "--scale", str(model / "config.json")],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=scaled(900))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "smoke.json").read_text())
     assert report["ok"] and report["device"] == "cpu" and report["parity"]["dtype"] == "float32"

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 WANTED = "torch==2.13.0+cpu" if (platform.system(), platform.machine()) == ("Linux", "x86_64") \
@@ -27,7 +28,7 @@ exit {0 if sources_have_it else 1}
     done = subprocess.run(["bash", "-c", f"source {REPO / 'scripts' / 'torch_cpu.sh'} && "
                                          "install_torch_cpu"],
                           env=dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}"),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     return done.stdout, calls.read_text().splitlines()
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -68,7 +69,7 @@ def test_paper_presets_fit_an_80_gb_h100(preset):
     def plan(*args):
         return subprocess.run([sys.executable, str(REPO / "tools" / "memory_plan.py"),
                                f"experiment={preset}", "--nodes", "8", *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=scaled(120))
 
     fits = plan()
     assert fits.returncode == 0, fits.stdout + fits.stderr
@@ -102,7 +103,7 @@ def test_a_moe_preset_gets_a_layout_that_fits_two_nodes():
     def plan(*args):
         return subprocess.run([sys.executable, str(REPO / "tools" / "memory_plan.py"),
                                "experiment=rlep_qwen25_math_7b", "model=qwen3-30b-a3b",
-                               "--nodes", "2", *args], capture_output=True, text=True, timeout=120)
+                               "--nodes", "2", *args], capture_output=True, text=True, timeout=scaled(120))
 
     first = plan()
     assert first.returncode == 1 and "30.53B parameters (128 experts, 8 a token" in first.stdout
@@ -139,7 +140,7 @@ def test_the_time_limit_signal_covers_a_step_and_the_checkpoint_write():
     def lead(*args):
         done = subprocess.run([sys.executable, str(REPO / "tools" / "memory_plan.py"),
                                "experiment=rlep_qwen25_math_7b", "--nodes", "8", *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=scaled(120))
         return done.stdout.split("time limit: ")[1].splitlines()[0]
 
     assert lead() == ("a checkpoint writes in about 7 s (8 node(s) at 2 GB/s each); the stop "

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from launch import env, launcher  # noqa: E402
@@ -13,7 +14,7 @@ from launch import env, launcher  # noqa: E402
 SCRIPT = Path(__file__).parent / "distributed" / "megatron_cpu.py"
 
 
-def torchrun(nproc: int, *args, timeout=600) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args, timeout=scaled(600)) -> subprocess.CompletedProcess:
     argv = [*launcher(nproc), *map(str, args)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(argv))
 
@@ -45,7 +46,7 @@ print("backend:", platform.backend(), "device:", platform.device())
 platform.destroy_distributed()
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300)
+                            timeout=scaled(300))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "backend: gloo device: cpu" in result.stdout
     assert "DotProductAttention" in result.stdout  # Megatron-Core's local spec, not TE's

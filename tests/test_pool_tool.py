@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
@@ -23,7 +24,7 @@ DAPO = Path(__file__).resolve().parents[2] / "shared" / "data" / "dapo" / "aime-
 
 def pool_tool(*args, expect=0):
     result = subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=scaled(300))
     assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-3000:]
     return result
 

@@ -8,6 +8,7 @@ import tempfile
 import time
 
 import pytest
+from speed import scaled
 
 
 @pytest.mark.e2e
@@ -30,13 +31,14 @@ def test_quickstart_prints_its_first_answer_within_30_seconds_and_a_pass_rate():
             lines.append(line)
             if first is None and re.match(r"  (CORRECT|wrong  ) pred=", line):
                 first = time.monotonic() - start
-        proc.wait(timeout=600)
+        proc.wait(timeout=scaled(600))
         stderr.seek(0)
         err = stderr.read()
     out = "".join(lines)
     assert first is not None, f"no answer printed; stderr: {err[-3000:]}"
     assert proc.returncode == 0, err[-3000:]
-    assert first < 30, f"the first answer took {first:.0f} s"
+    # 30 s on the developers' machine, scaled on a slower one (tests/helpers/speed.py)
+    assert first < scaled(30), f"the first answer took {first:.0f} s"
     verdicts = re.findall(r"^  (CORRECT|wrong  ) pred=", out, flags=re.M)
     assert len(verdicts) == 6 * 4  # the quickstart preset: 6 questions x 4 answers
     rate = re.search(r"pass rate: (\d+)/24 = ", out)

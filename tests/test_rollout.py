@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -206,7 +207,7 @@ def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
 
     script = Path(__file__).parent / "helpers" / "engines_agree.py"
     result = subprocess.run([sys.executable, str(script), "smollm2-135m", "8", "24"],
-                            capture_output=True, text=True, timeout=600,
+                            capture_output=True, text=True, timeout=scaled(600),
                             env=env())
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -294,7 +295,7 @@ def test_both_engines_stop_on_every_eos_id_of_the_generation_config(tmp_path):
 
     script = Path(__file__).parent / "helpers" / "two_eos.py"
     result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
-                            text=True, timeout=600, env=env())
+                            text=True, timeout=scaled(600), env=env())
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     for name in ("transformers", "vllm"):

@@ -4,13 +4,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from speed import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def score(*args):
     return subprocess.run([sys.executable, str(ROOT / "tools" / "score.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled(300))
 
 
 def write(path, rows):

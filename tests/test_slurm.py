@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import slurm_cluster  # noqa: E402
@@ -104,7 +105,7 @@ def test_a_gpu_preset_asks_for_gpus_and_stops_on_a_node_without_them(cluster, tm
 
     refused = subprocess.run(["sbatch", "--parsable", str(REPO / "slurm" / "train.sbatch"),
                               "experiment=dapo_nodyn_bs64"], env=cluster.env(),
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=scaled(60))
     assert refused.returncode != 0 and "Invalid generic resource" in refused.stderr
     # with --gpus-per-node=0 it runs, and the preflight stops the 7B preset on this CPU node
     job, log = submit(cluster, "train.sbatch", tmp_path / "run", ["experiment=dapo_nodyn_bs64"],
@@ -131,7 +132,7 @@ def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluste
     job, log = submit(cluster, "train.sbatch", run_dir,
                       overrides(assets, total, "logging.eval_every=0", "logging.save_every=0"),
                       env=env)
-    deadline = time.time() + 300
+    deadline = time.time() + scaled(300)
     while len(steps_logged(run_dir)) < 3 and time.time() < deadline:
         assert cluster.job_state(job) in ("PENDING", "RUNNING"), log.read_text()[-3000:]
         time.sleep(0.3)
@@ -175,7 +176,7 @@ def test_pipeline_chains_baseline_pool_rlep_and_evaluation(cluster, tmp_path):
 
     env = dict(cluster.env(), OUT=str(tmp_path / "pipeline"), SBATCH_ARGS="--hold")
     result = subprocess.run(["bash", str(REPO / "slurm" / "pipeline.sh"), "cpu"], env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=scaled(120))
     assert result.returncode == 0, result.stderr
     base, pool, rlep, eval_base, eval_rlep = re.search(
         r"baseline (\d+) -> pool (\d+) -> rlep (\d+); evaluation (\d+), (\d+)", result.stdout).groups()
@@ -190,3 +191,23 @@ def test_pipeline_chains_baseline_pool_rlep_and_evaluation(cluster, tmp_path):
             assert cluster.job_field(job, "StdOut").startswith(str(tmp_path / "pipeline"))
     finally:
         cluster.run("scancel", base, pool, rlep, eval_base, eval_rlep, check=False)
+
+
+def test_a_stopped_cluster_leaves_no_job_process_behind(tmp_path):
+    """What a test that stops early (a failure, pytest's timeout) runs in its teardown: a job
+    whose step ignores SIGTERM is killed with its batch script, srun and slurmstepd processes,
+    so nothing of it outlives the cluster (before, all five were still there after the daemons
+    had stopped)."""
+    import time
+
+    os.chmod(tmp_path, 0o700)
+    own = slurm_cluster.Cluster(tmp_path, cpus=1).start()
+    try:
+        job = own.run("sbatch", "--parsable", "--wrap", "srun bash -c 'trap \"\" TERM; sleep 600'")
+        deadline = time.time() + scaled(60)
+        while len(own.leftovers()) < 5 and time.time() < deadline:  # script, srun, steps, sleep
+            time.sleep(0.5)
+        assert own.job_state(job) == "RUNNING" and len(own.leftovers()) >= 5, own.leftovers()
+    finally:
+        own.stop()
+    assert own.leftovers() == []

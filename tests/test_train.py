@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
@@ -25,7 +26,7 @@ def assets(tmp_path_factory):
     return model, pool
 
 
-def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=900, pool=None,
+def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=scaled(900), pool=None,
           engine="transformers"):
     """The trainer on the tiny model; ``extra`` overrides come last (no warm-up unless given)."""
     if not any(e.startswith("algorithm.warmup_steps=") for e in extra):
@@ -148,7 +149,7 @@ def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
 def import_release(release: Path, out: Path) -> Path:
     tool = Path(__file__).resolve().parent.parent / "tools" / "pool.py"
     subprocess.run([sys.executable, str(tool), "import-release", str(release), "-o", str(out),
-                    "--shard-size", "2"], check=True, capture_output=True, timeout=300)
+                    "--shard-size", "2"], check=True, capture_output=True, timeout=scaled(300))
     return out
 
 
@@ -204,18 +205,18 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     proc = subprocess.Popen(cmd(40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env())
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + 300
+    deadline = time.time() + scaled(300)
     while proc.poll() is None and time.time() < deadline and not (
             metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=scaled(300))
     assert proc.returncode == 0, out[-3000:]
     stopped = int(out.split("saved step-")[1][:6])
     assert 2 <= stopped < 40 and "stopping on SIGTERM" in out
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{stopped:06d}"
     assert not (run_dir / "hf").exists()  # not finished
-    result = subprocess.run(cmd(stopped + 2), capture_output=True, text=True, env=env(), timeout=300)
+    result = subprocess.run(cmd(stopped + 2), capture_output=True, text=True, env=env(), timeout=scaled(300))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert f"at step {stopped}" in result.stdout
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
@@ -223,7 +224,7 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     # the same as a run never stopped: prompts, replays, sampled answers and the last loss
     straight = tmp_path / "straight"
     result = subprocess.run(cmd(stopped + 2, straight), capture_output=True, text=True, env=env(),
-                            timeout=300)
+                            timeout=scaled(300))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for step in range(stopped + 2):
         a, b = (json.loads((run / "batches" / f"step-{step:06d}.json").read_text())
@@ -253,7 +254,7 @@ def test_non_finite_gradients_skip_their_update_and_too_many_in_a_row_stop_the_r
             "logging.wandb=disabled", "logging.eval_every=0", "logging.progress=false",
             "algorithm.max_skipped_updates=3", f"run_dir={run_dir}"]
     helper = Path(__file__).parent / "helpers" / "nan_grads"
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(600),
                             env=env(argv, PYTHONPATH=str(helper), NAN_UPDATES="1,3,4,5"))
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
@@ -270,7 +271,7 @@ def test_non_finite_gradients_skip_their_update_and_too_many_in_a_row_stop_the_r
     export = tmp_path / "export"
     done = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" /
                                                "export_hf.py"), str(run_dir), "-o", str(export)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled(300))
     assert done.returncode == 0, done.stderr[-2000:]
     weights = {}
     for f in export.glob("*.safetensors"):
@@ -297,7 +298,7 @@ def test_a_run_stopped_before_any_applied_update_resumes(assets, tmp_path):
 
     helper = Path(__file__).parent / "helpers" / "nan_grads"
     first = argv("parallel.distributed_optimizer=true")
-    result = subprocess.run(first, capture_output=True, text=True, timeout=600,
+    result = subprocess.run(first, capture_output=True, text=True, timeout=scaled(600),
                             env=env(first, PYTHONPATH=str(helper), NAN_UPDATES="0,1,2"))
     assert result.returncode == 2 and "checkpoints/step-000002 holds the weights before them" \
         in result.stderr, result.stdout[-2000:] + result.stderr[-3000:]
@@ -305,7 +306,7 @@ def test_a_run_stopped_before_any_applied_update_resumes(assets, tmp_path):
                       .read_text())
     assert meta["optimizer_state"] is False and meta["distributed_optimizer"] is True
     again = argv("parallel.distributed_optimizer=false")
-    result = subprocess.run(again, capture_output=True, text=True, timeout=600, env=env(again))
+    result = subprocess.run(again, capture_output=True, text=True, timeout=scaled(600), env=env(again))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "at step 2" in result.stdout
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -348,7 +349,7 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
         "live-from-empty": ["algorithm.replay.refresh=true", "algorithm.pool="]}
     script = Path(__file__).parent / "helpers" / "replay_runs.py"
     argv = [sys.executable, str(script), str(tmp_path), str(model), str(pool), json.dumps(settings)]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env(argv))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900), env=env(argv))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     def batches(name, run):
@@ -404,7 +405,7 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
             assert last["train/replay_age_mean"] == 2  # built answers: from before step 0
             stats = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" /
                                                          "pool.py"), "stats", str(live)],
-                                   capture_output=True, text=True, timeout=300)
+                                   capture_output=True, text=True, timeout=scaled(300))
             assert stats.returncode == 0 and "questions" in stats.stdout, stats.stderr[-2000:]
 
 

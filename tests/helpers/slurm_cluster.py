@@ -1,6 +1,7 @@
 """A one-node Slurm cluster on this host for tests: munged, slurmctld and slurmd with every file
 (key, sockets, state, logs, slurm.conf) in one directory, started by ``start`` and stopped by
-``stop``. Clients find it through ``env()`` (SLURM_CONF). Needs Debian's slurm-wlm and munge
+``stop``, which also cancels every job and kills whatever of them still runs. Waits are
+scaled by the machine's speed (``speed.scaled``). Clients find it through ``env()`` (SLURM_CONF). Needs Debian's slurm-wlm and munge
 (scripts/test.sh installs them) and root, as on the project's machines.
 """
 
@@ -13,6 +14,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from speed import scaled
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
 
@@ -120,7 +123,7 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
                 [_daemon(daemon), "-D", "-f", str(self.conf)] + (["-i"] if daemon == "slurmctld" else []),
                 env=self.env(), stdout=open(r / "log" / f"{daemon}.out", "w"),
                 stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.time() + timeout
+        deadline = time.time() + scaled(timeout)
         while time.time() < deadline:
             state = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env(),
                                    capture_output=True, text=True)
@@ -134,12 +137,22 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
         raise RuntimeError(f"the test Slurm cluster did not come up:\n{logs}")
 
     def stop(self) -> None:
+        """Cancel every job (SIGKILL to the whole job, steps included), stop the daemons, then
+        kill whatever still runs under this cluster: a test that stops early, by a failure or
+        pytest's timeout, leaves no batch script, srun or slurmstepd behind. Every such process
+        carries this cluster's SLURM_CONF in its environment (slurmd and the submitters got it
+        from ``env()``; steps and scripts inherit it)."""
+        jobs = self.run("squeue", "-h", "-o", "%i", check=False) if self.procs else ""
+        if jobs:
+            self.run("scancel", "--full", "--signal=KILL", *jobs.split(), check=False)
+            self.run("scancel", *jobs.split(), check=False)
+        self.reap(spare={p.pid for p in self.procs})  # the jobs' processes, then the daemons
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.procs:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=scaled(30))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.procs = []
@@ -149,12 +162,41 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
                 os.kill(int(pid.read_text().strip()), signal.SIGTERM)
             except (ProcessLookupError, ValueError):
                 pass
+        self.reap()
+
+    def leftovers(self, spare=()) -> list[int]:
+        """Processes, other than this one, whose environment names this cluster's SLURM_CONF;
+        with ``spare`` (the daemons' pids), neither those nor slurmctld's script helper."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in (os.getpid(), *spare):
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0") and not (
+                        spare and (entry / "cmdline").read_bytes().startswith(b"slurmctld:")):
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
+                continue
+        return found
+
+    def reap(self, spare=(), timeout: float = 10) -> None:
+        """SIGKILL every leftover process of this cluster (but ``spare``) and wait until none is
+        left."""
+        deadline = time.time() + timeout
+        while (left := self.leftovers(spare)) and time.time() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
 
     # ------------------------------------------------------------------ client helpers
 
     def run(self, *args: str, check: bool = True) -> str:
         result = subprocess.run(list(args), env=self.env(), capture_output=True, text=True,
-                                timeout=60)
+                                timeout=scaled(60))
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout.strip()
@@ -169,7 +211,7 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
 
     def wait(self, job: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                      "OUT_OF_MEMORY", "PREEMPTED"), timeout: float = 900) -> str:
-        deadline = time.time() + timeout
+        deadline = time.time() + scaled(timeout)
         while time.time() < deadline:
             state = self.job_state(job)
             if state in states:
