@@ -216,6 +216,9 @@ class Config:
     seed: int = 1
     run_dir: str = "runs/default"
     resume: bool = True  # continue from run_dir/checkpoints/latest when it exists
+    # on resume, check every file's checksum against the checkpoint's manifest, not only its
+    # size (docs/cluster.md: what it costs against a load)
+    resume_verify: bool = False
     samples: int = 4  # quickstart: answers per question
     questions: int = 8  # quickstart: questions shown
 

@@ -1,7 +1,13 @@
-"""Files written whole or not at all: write to a temporary file beside the target, then rename.
+"""Files written whole or not at all, and directories that prove they are whole.
 
-A reader (or a rerun after a kill) sees either the old file or the complete new one, never
-half a file. Used by the pool builder, the pool tools and evaluation. No other logic here.
+Write to a temporary file beside the target, then rename: a reader (or a rerun after a kill)
+sees either the old file or the complete new one, never half a file. Used by the pool builder,
+the pool tools and evaluation. A directory's manifest (``file_entry`` for each file: its size and
+CRC-32) is written after every file it lists; ``damage`` says what no longer matches it: a
+missing file, another size (cheap: one stat a file) or, when asked, another checksum. CRC-32
+catches truncation and flipped bits at about 3 GB/s here (SHA-256: 83 MB/s); it is no defence
+against a forger, which a checkpoint on the job's own file system does not need. No other logic
+here.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 
 
@@ -34,3 +41,62 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+CHECKPOINT_MANIFEST = "actor_checkpoint.json"  # a checkpoint's metadata and manifest, written last
+
+
+def file_crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def file_entry(path: Path) -> dict:
+    """What a manifest records of a file: its size in bytes and its CRC-32."""
+    return {"size": Path(path).stat().st_size, "crc32": file_crc32(path)}
+
+
+def listed_files(directory: Path, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """Every file under ``directory`` (relative paths, sorted), but those named in
+    ``leave_out``."""
+    directory = Path(directory)
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
+                  if p.is_file() and p.name not in leave_out)
+
+
+def damage(directory: Path, files: dict, checksums: bool = False,
+           share: tuple[int, int] = (0, 1)) -> str | None:
+    """The first way ``directory`` differs from its manifest ``files`` ({relative path:
+    ``file_entry``}), or None: a listed file missing, or of another size; with ``checksums``,
+    also a CRC-32 that does not match, for the files of this ``share`` (index, count: file i
+    belongs to share i % count), so ranks split the reading."""
+    directory = Path(directory)
+    for i, (name, entry) in enumerate(sorted(files.items())):
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{name} is {size:,} bytes, its manifest says {entry['size']:,}"
+        if checksums and i % share[1] == share[0] and file_crc32(path) != entry["crc32"]:
+            return f"{name} does not match its manifest's checksum (its bytes changed)"
+    return None
+
+
+def checkpoint_damage(directory: Path, checksums: bool = False,
+                      share: tuple[int, int] = (0, 1)) -> tuple[str | None, bool]:
+    """(what is wrong with the checkpoint ``directory`` or None, whether it could be checked):
+    its manifest ``CHECKPOINT_MANIFEST`` must be there and readable, then ``damage``. One from
+    before manifests (no ``files`` in it) cannot be checked: (None, False)."""
+    try:
+        meta = json.loads((Path(directory) / CHECKPOINT_MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"its manifest {CHECKPOINT_MANIFEST} is missing", True
+    except (OSError, ValueError) as err:
+        return f"its manifest {CHECKPOINT_MANIFEST} is unreadable ({type(err).__name__})", True
+    if "files" not in meta:
+        return None, False
+    return damage(directory, meta["files"], checksums, share), True

@@ -26,6 +26,7 @@ if __name__ == "__main__":  # a mistyped key, value or preset: said before torch
 
     check_command_line("config")
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math
 import os
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import metrics, rundir
+from megatron_rlep.actor import checkpoint as actor_checkpoint
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.builtin_model import resolve_model_path
@@ -133,6 +135,10 @@ class Trainer:
         self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
                                  overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
         self.pool = self._load_pool()
+        self.disk = self.disk_plan()
+        problem = rundir.room_problem(self.run_dir, self.disk, cfg.logging.keep_checkpoints)
+        if problem:  # before the model loads: a full file system is said in seconds
+            raise RunError(problem)
         rundir.pin_settings(self.run_dir, asdict(cfg), cfg.resume, is_rank0())
         # before the model: a wandb that cannot start stops the run here
         self.monitor = Monitor(self.run_dir, cfg.logging, asdict(cfg), is_rank0())
@@ -154,22 +160,53 @@ class Trainer:
         self.pass_rates = PassRates()  # the replay strategies' running pass rates
         self.best = None  # (val/acc, step) of the best validation so far
         self.skipped_in_a_row = 0  # updates skipped for non-finite gradients, the latest ones
-        latest = self.run_dir / "checkpoints" / "latest"
-        if cfg.resume and latest.is_file():
-            checkpoint = self.run_dir / "checkpoints" / latest.read_text().strip()
-            extra = self.actor.load(checkpoint)
+        self.last_saved = None  # the newest intact checkpoint's name
+        if cfg.resume and (self.run_dir / "checkpoints" / "latest").is_file():
+            checkpoint, extra = self.resume()
             self.step, cursor = extra["step"], extra["cursor"]
+            self.last_saved = checkpoint.name
             self.best = rundir.best_before(self.run_dir, self.step)
             if self.offload:
                 self.actor.offload()
             self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
-            if extra.get("live_pool"):  # answers verified when they joined: not checked again
-                self.pool = ExperiencePool.load_live(self.run_dir / "checkpoints" /
-                                                     extra["live_pool"])
             if is_rank0():
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights()
         self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
+
+    def resume(self) -> tuple[Path, dict]:
+        """(checkpoint, its extra state) of the newest intact checkpoint, loaded: the one
+        ``latest`` names, else the step before it, and so on. A checkpoint is checked against
+        its manifest first (every file's size; with ``resume_verify`` every checksum too); one
+        whose load still fails is checked by checksum to tell damage from a bug. Each one
+        skipped is said in one line; with none intact the run stops in one sentence."""
+        skipped = []
+        for checkpoint in rundir.resume_candidates(self.run_dir):
+            problem, checked = actor_checkpoint.damage(checkpoint, self.cfg.resume_verify)
+            if problem is None:
+                try:
+                    extra = self.actor.load(checkpoint)
+                    if extra.get("live_pool"):  # answers verified when they joined
+                        self.pool = ExperiencePool.load_live(checkpoint.parent /
+                                                             extra["live_pool"])
+                except Exception:
+                    problem = actor_checkpoint.damage(checkpoint, checksums=True)[0] if checked \
+                        else None
+                    if problem is None:
+                        raise
+            if problem is not None:
+                skipped.append(f"checkpoints/{checkpoint.name}: {problem}")
+                if is_rank0():
+                    print(f"warning: skipping checkpoints/{checkpoint.name}, it is damaged: "
+                          f"{problem}", flush=True)
+                continue
+            if not checked and is_rank0():
+                print(f"note: checkpoints/{checkpoint.name} was written before checkpoints "
+                      "carried a manifest: its files could not be checked", flush=True)
+            return checkpoint, extra
+        raise RunError(f"{self.run_dir} holds no intact checkpoint to resume from "
+                       f"({'; '.join(skipped)}): resume from a copy of the run directory, or "
+                       "start afresh with resume=false or another run_dir")
 
     def too_many_skipped(self) -> bool:
         limit = self.cfg.algorithm.max_skipped_updates
@@ -193,19 +230,28 @@ class Trainer:
                 (self.best is not None and accuracy <= self.best[0]):
             return False
         self.best = (accuracy, step)
-        self.actor.save_weights(self.run_dir / "checkpoints" / "best", step, {"val/acc": accuracy})
+        self._room_for("checkpoints/best", self.disk["best"])
+        with self._stop_if_refused("checkpoints/best", self.disk["best"]):
+            self.actor.save_weights(self.run_dir / "checkpoints" / "best", step,
+                                    {"val/acc": accuracy})
         return True
 
     def disk_plan(self) -> dict:
-        """What the run's checkpoints and export hold on disk (actor/checkpoint.py disk_plan)."""
-        from megatron_rlep.actor import checkpoint
+        """What the run's checkpoints and export hold on disk (actor/checkpoint.py disk_plan),
+        from the checkpoint's headers and the settings, before the model loads."""
+        from megatron_rlep import platform
 
-        log = self.cfg.logging
-        return checkpoint.disk_plan(checkpoint.hf_parameters(self.actor.hf_path),
-                                    self.actor.dtype == torch.bfloat16,
-                                    self.cfg.algorithm.total_steps, log.save_every,
-                                    log.keep_checkpoints, log.keep_best,
-                                    self.actor.distributed_optimizer)
+        cfg, log = self.cfg, self.cfg.logging
+        distributed = cfg.parallel.distributed_optimizer
+        if distributed is None:  # the actor's default: on a GPU with data parallelism
+            p = cfg.parallel
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            distributed = platform.has_cuda() and world // (p.tensor_parallel *
+                                                            p.pipeline_parallel) > 1
+        return actor_checkpoint.disk_plan(
+            actor_checkpoint.hf_parameters(resolve_model_path(cfg.model.path)),
+            platform.compute_dtype(cfg.model.dtype) == torch.bfloat16, cfg.algorithm.total_steps,
+            log.save_every, log.keep_checkpoints, log.keep_best, distributed)
 
     def _load_pool(self) -> ExperiencePool | None:
         """The experience pool (None without replay; an empty live pool without a built one),
@@ -452,30 +498,72 @@ class Trainer:
                 "train/replay_age_mean": _mean(ages)}
 
     def save(self, step: int) -> None:
+        """A checkpoint of ``step``, then ``latest`` names it. Too little room for it, or a
+        write the file system refuses, stops the run in one sentence with the numbers; the
+        partial directory goes, ``latest`` stays on the last intact checkpoint."""
         name = f"step-{step:06d}"
+        self._room_for(f"checkpoints/{name}", self.disk["checkpoint"])
         extra = {"step": step, "cursor": self.prompts.cursor, "pass_rates": self.pass_rates.state()}
+        pool = None
         if self.cfg.algorithm.replay.refresh and self.pool is not None:
             extra["live_pool"] = f"pool-{step:06d}"
+            pool = self.run_dir / "checkpoints" / extra["live_pool"]
             if is_rank0():
-                out = self.run_dir / "checkpoints" / extra["live_pool"]
-                shutil.rmtree(out, ignore_errors=True)  # left by a save cut short
-                self.pool.write(out, {"live_pool_of": str(self.run_dir), "step": step})
-        self.actor.save(self.run_dir / "checkpoints" / name, extra=extra)
+                shutil.rmtree(pool, ignore_errors=True)  # left by a save cut short
+        with self._stop_if_refused(f"checkpoints/{name}", self.disk["checkpoint"], pool):
+            if pool is not None and is_rank0():
+                self.pool.write(pool, {"live_pool_of": str(self.run_dir), "step": step})
+            self.actor.save(self.run_dir / "checkpoints" / name, extra=extra)
         if is_rank0():
             latest = self.run_dir / "checkpoints" / "latest"
             tmp = latest.with_suffix(".tmp")
             tmp.write_text(name + "\n")
             tmp.replace(latest)
             rundir.prune(self.run_dir, self.cfg.logging.keep_checkpoints)
+        self.last_saved = name
         if dist.is_initialized():
             dist.barrier()
+
+    def _room_for(self, what: str, need: int) -> None:
+        """Stop before a save (``what``: its path under run_dir) the file system has no room
+        for (every rank agrees)."""
+        from megatron_rlep import platform
+
+        problem = rundir.save_room_problem(self.run_dir, what, need, self.last_saved) \
+            if is_rank0() else None
+        flag = torch.tensor([float(problem is not None)], device=platform.device())
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            raise RunError(problem or f"cannot save {what}: rank 0 found too little "
+                           f"room; {rundir.kept_note(self.run_dir, self.last_saved)}")
+
+    @contextlib.contextmanager
+    def _stop_if_refused(self, what: str, need: int, also: Path | None = None):
+        """A save the file system refuses (full, over quota, an I/O error) becomes one sentence;
+        what it wrote (its partial directory, ``also``) is gone."""
+        try:
+            yield
+        except (actor_checkpoint.SaveFailed, OSError) as err:
+            if isinstance(err, actor_checkpoint.SaveFailed) and not err.storage or \
+                    isinstance(err, OSError) and not actor_checkpoint.storage_error(err):
+                raise
+            if also is not None and is_rank0():
+                shutil.rmtree(also, ignore_errors=True)
+            reason = err.reason if isinstance(err, actor_checkpoint.SaveFailed) else \
+                f"{type(err).__name__}: {err}"
+            free = shutil.disk_usage(self.run_dir).free
+            raise RunError(f"saving {what} failed ({reason}) in {self.run_dir}, which "
+                           f"has {actor_checkpoint.human(free)} free for a checkpoint of "
+                           f"{actor_checkpoint.human(need)}; the partial save is removed and "
+                           f"{rundir.kept_note(self.run_dir, self.last_saved)}") from None
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
         if is_rank0():
-            rundir.say_disk(self.run_dir, self.disk_plan(), cfg.logging.keep_checkpoints)
+            rundir.say_disk(self.run_dir, self.disk, cfg.logging.keep_checkpoints)
         monitor = self.monitor
         monitor.start(a.total_steps, self.step)
         if self.pool is not None:
@@ -517,7 +605,8 @@ class Trainer:
                 if saved:
                     self.save(self.step)
                 if self.step == a.total_steps:
-                    self.actor.save_hf(self.run_dir / "hf")  # the policy for pools and evaluation
+                    with self._stop_if_refused("hf", self.disk["hf"]):  # the policy for pools
+                        self.actor.save_hf(self.run_dir / "hf")
                 monitor.log(self.step, metrics)
                 if self.step < a.total_steps and stop.agreed():
                     if not saved:

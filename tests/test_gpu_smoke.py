@@ -48,12 +48,12 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     assert planner["measured_peak_gib"] is None and planner["ratio"] is None and planner["mfu"] is None
     # the "realistic shape" part, at the tiny model's shape: the distributed optimizer resumes
     # exactly, its checkpoint is the size actor/checkpoint.py disk_plan says, two RL steps run
-    resume, scaled = report["scale"]["resume"], report["scale"]["steps"]
+    resume, at_scale = report["scale"]["resume"], report["scale"]["steps"]
     assert resume["optimizers"] == ["DistributedOptimizer"] and resume["ok"]
     assert resume["first_update_moved"] > 0 and resume["second_update"] > 0
     assert resume["resumed_vs_went_on"] == 0.0
     assert 1.0 <= resume["checkpoint_ratio"] < 1.05 and resume["write_gb_per_s"] > 0
-    assert scaled["ok"] and len(scaled["sync/max_logprob_diff"]) == 2
+    assert at_scale["ok"] and len(at_scale["sync/max_logprob_diff"]) == 2
     assert "SMOKE OK" in done.stdout
 
 

@@ -40,11 +40,29 @@ def test_pruning_keeps_the_newest_and_the_best(tmp_path):
     root = tmp_path / "checkpoints"
     for name in ("step-000010", "step-000020", "step-000030", "pool-000030", "pool-000020", "best"):
         (root / name).mkdir(parents=True)
+        (root / name / "actor_checkpoint.json").write_text("{}")  # complete, from before manifests
     rundir.prune(tmp_path, 2)
     assert sorted(p.name for p in root.iterdir()) == ["best", "pool-000020", "pool-000030",
                                                       "step-000020", "step-000030"]
     rundir.prune(tmp_path, 0)  # 0 keeps all
     assert len(list(root.iterdir())) == 5
+
+
+def test_a_damaged_checkpoint_never_costs_an_intact_one_its_place(tmp_path):
+    """keep 2 with step 30 damaged (a file cut short): steps 10 and 20 are the two kept, and
+    30 stays until the run writes that step again."""
+    from megatron_rlep.files import file_entry
+
+    root = tmp_path / "checkpoints"
+    for name in ("step-000010", "step-000020", "step-000030"):
+        (root / name).mkdir(parents=True)
+        (root / name / "shard.bin").write_bytes(b"x" * 100)
+        manifest = {"files": {"shard.bin": file_entry(root / name / "shard.bin")}}
+        (root / name / "actor_checkpoint.json").write_text(json.dumps(manifest))
+    (root / "step-000005").mkdir()  # older than the kept ones: removed, whatever it holds
+    (root / "step-000030" / "shard.bin").write_bytes(b"x" * 10)
+    rundir.prune(tmp_path, 2)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000010", "step-000020", "step-000030"]
 
 
 def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp_and_optimizer():

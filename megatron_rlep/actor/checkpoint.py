@@ -10,7 +10,10 @@ Transformer Engine layers were used (their parameter names differ from the local
 ranks keep their seeded generators.
 
 Both writers are atomic: all ranks write ``<dir>.partial``, rank 0 renames it to ``<dir>``
-only after every rank has finished, so a killed job never leaves a directory that loads.
+only after every rank has finished, so a killed job never leaves a directory that loads. The
+last file written, ``actor_checkpoint.json``, holds the metadata and the manifest: every other
+file's size and CRC-32 (``damage`` checks a checkpoint against it: the sizes cheaply, the
+checksums when asked).
 
 Saves are synchronous. Megatron-Core's writer hands its write results back through a queue
 that it creates, once per process, from a *spawned* ``multiprocessing.Manager`` - a server
@@ -20,6 +23,7 @@ finishes in the calling process needs no server: ``save`` gives the writer a thr
 
 from __future__ import annotations
 
+import errno
 import json
 import queue
 import random
@@ -29,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import platform
+from megatron_rlep import files, platform
 
-COMPLETE = "actor_checkpoint.json"
+COMPLETE = files.CHECKPOINT_MANIFEST  # the metadata and the manifest, written last
 
 
 def _barrier():
@@ -155,15 +159,111 @@ def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str
             "weights (tools/export_hf.py, then model.path=) with a fresh optimizer")
 
 
+def _rank_and_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _from_rank0(obj):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _everyones(obj) -> list:
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def _publish(partial: Path, final: Path, metadata: dict) -> None:
-    """Rank 0 marks ``partial`` complete and renames it into place once every rank is done."""
+    """Once every rank is done: the manifest of every file (size and CRC-32, the ranks reading a
+    share each) goes into ``COMPLETE``, written last, and rank 0 renames ``partial`` into
+    place."""
     _barrier()
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        (partial / COMPLETE).write_text(json.dumps(metadata, indent=1) + "\n")
+    rank, world = _rank_and_world()
+    names = _from_rank0(files.listed_files(partial, (COMPLETE,)) if rank == 0 else None)
+    mine = {n: files.file_entry(partial / n) for i, n in enumerate(names) if i % world == rank}
+    manifest = {k: v for part in _everyones(mine) for k, v in part.items()}
+    if rank == 0:
+        (partial / COMPLETE).write_text(json.dumps({**metadata, "files": manifest}, indent=1) + "\n")
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
     _barrier()
+
+
+def damage(path: str | Path, checksums: bool = False) -> tuple[str | None, bool]:
+    """(what is wrong with checkpoint ``path`` or None, whether its files could be checked),
+    ``files.checkpoint_damage`` with the checksums read a share per rank; every rank gets the
+    same answer."""
+    found, checked = files.checkpoint_damage(Path(path), checksums, _rank_and_world())
+    return next((p for p in _everyones(found) if p), None), checked
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint's write failed on some rank; its partial directory is gone and nothing was
+    published. ``storage``: the file system refused it (full, over quota, an I/O error)."""
+
+    def __init__(self, path: Path, reason: str, storage: bool):
+        super().__init__(f"writing {path} failed: {reason}")
+        self.path, self.reason, self.storage = path, reason, storage
+
+
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
+# what PyTorch's and Megatron-Core's writers say of the same, where the errno is lost on the way
+STORAGE_WORDS = ("No space left", "Disk quota", "Input/output error", "Read-only file system",
+                 "unexpected pos")
+
+
+def storage_error(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception it was raised from) is the file system refusing a write."""
+    seen, todo = set(), [err]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS or \
+                any(word in str(err) for word in STORAGE_WORDS):
+            return True
+        inner = [f[0] if isinstance(f, tuple) else f for f in (getattr(err, "failures", None)
+                                                               or {}).values()]
+        todo += [err.__cause__, err.__context__, *inner]
+    return False
+
+
+def _first_line(err: BaseException) -> str:
+    """``Type: message`` of the error underneath (torch's CheckpointException wraps each rank's
+    own in ``failures``), its first line."""
+    failures = getattr(err, "failures", None)
+    if failures:
+        inner = next(iter(failures.values()))
+        err = inner[0] if isinstance(inner, tuple) else inner
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"[:300]
+
+
+def _write_or_clean(partial: Path, final: Path, write) -> None:
+    """This rank's part of a save; when it failed on any rank, rank 0 removes ``partial`` and
+    every rank raises ``SaveFailed`` (so no rank waits at a barrier the others never reach)."""
+    try:
+        write()
+        mine = None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - torch's CheckpointException is one
+        mine = (_first_line(err), storage_error(err))
+    failed = next((f for f in _everyones(mine) if f), None)
+    if failed is None:
+        return
+    if _rank_and_world()[0] == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    _barrier()
+    raise SaveFailed(final, *failed)
 
 
 def _prepare(final: Path) -> Path:
@@ -192,11 +292,15 @@ def save(path: str | Path, model, optimizer, scheduler, step: int, extra: dict |
     # before the first applied update (every one skipped) Adam has no state to save: the resumed
     # run starts from a fresh optimizer, which is the same
     optimizer_state = has_optimizer_state(optimizer)
-    dist_checkpointing.save(_sharded(model, optimizer if optimizer_state else None, scheduler,
-                                     loading=False), str(partial))
     rank = dist.get_rank() if dist.is_initialized() else 0
-    (partial / "rng").mkdir(exist_ok=True)
-    torch.save(_rng_state(), partial / "rng" / f"rank-{rank}.pt")
+
+    def write():
+        dist_checkpointing.save(_sharded(model, optimizer if optimizer_state else None, scheduler,
+                                         loading=False), str(partial))
+        (partial / "rng").mkdir(exist_ok=True)
+        torch.save(_rng_state(), partial / "rng" / f"rank-{rank}.pt")
+
+    _write_or_clean(partial, final, write)
     _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout(),
                               "optimizer_format": OPTIMIZER_FORMAT,
                               "optimizer_state": optimizer_state,
@@ -215,7 +319,8 @@ def save_weights(path: str | Path, model, step: int, extra: dict | None = None,
     _synchronous_writer()
     final = Path(path)
     partial = _prepare(final)
-    dist_checkpointing.save({"model": model.sharded_state_dict()}, str(partial))
+    _write_or_clean(partial, final, lambda: dist_checkpointing.save(
+        {"model": model.sharded_state_dict()}, str(partial)))
     _publish(partial, final, {"step": step, "extra": extra or {}, "layout": _layout(),
                               "weights_only": True, **_model_info(model, transformer_engine)})
     return final
@@ -322,19 +427,28 @@ def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:
     final = Path(path)
     partial = _prepare(final)
     writer = not dist.is_initialized() or dist.get_rank() == 0
-    weight_map = {}
-    for n, bucket in enumerate(buckets):
+
+    def write():  # every rank iterates (the export is collective), rank 0 writes
+        weight_map, error = {}, None
+        for n, bucket in enumerate(buckets):
+            if writer and error is None:
+                name = f"model-{n + 1:05d}.safetensors"
+                try:
+                    save_file({k: v.contiguous().cpu() for k, v in bucket}, str(partial / name),
+                              metadata={"format": "pt"})
+                except OSError as err:  # the export's collectives still need this rank
+                    error = err
+                weight_map.update({k: name for k, _ in bucket})
+        if error is not None:
+            raise error
         if writer:
-            name = f"model-{n + 1:05d}.safetensors"
-            save_file({k: v.contiguous().cpu() for k, v in bucket}, str(partial / name),
-                      metadata={"format": "pt"})
-            weight_map.update({k: name for k, _ in bucket})
-    if writer:
-        (partial / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")
-        for item in Path(hf_path).iterdir():
-            if item.is_file() and not item.name.endswith(".safetensors") \
-                    and not item.name.endswith(".safetensors.index.json"):
-                shutil.copy2(item, partial / item.name)
+            (partial / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")
+            for item in Path(hf_path).iterdir():
+                if item.is_file() and not item.name.endswith(".safetensors") \
+                        and not item.name.endswith(".safetensors.index.json"):
+                    shutil.copy2(item, partial / item.name)
+
+    _write_or_clean(partial, final, write)
     _publish(partial, final, {"exported_from": str(hf_path)})
     return final
