@@ -44,8 +44,9 @@ def gguf_file(name: str) -> Path:
 
 def resolve_model_path(name_or_path: str) -> str:
     """A Hugging Face checkpoint directory for ``name_or_path`` (converting a built-in once).
-    A path (absolute, or starting with ``.`` or ``~``) must hold a checkpoint; anything else not
-    built in is left to transformers (a hub id already in its local cache)."""
+    A path (absolute, or starting with ``.`` or ``~``) must hold a checkpoint, and one this
+    project exported (it carries a manifest) every file of its size; anything else not built in
+    is left to transformers (a hub id already in its local cache)."""
     if name_or_path not in BUILTIN_MODELS:
         path = Path(name_or_path).expanduser()
         if name_or_path.startswith(("/", ".", "~")) and not (path / "config.json").is_file():
@@ -55,6 +56,14 @@ def resolve_model_path(name_or_path: str) -> str:
                 "checkpoint directory (config.json, *.safetensors, tokenizer files) - the paper "
                 "presets read it from $QWEN_MATH_7B - or use the built-in "
                 f"{', '.join(BUILTIN_MODELS)}")
+        from megatron_rlep.files import checkpoint_damage
+
+        problem = checkpoint_damage(path)[0] if (path / "actor_checkpoint.json").is_file() \
+            else None
+        if problem:  # one of this project's exports (RUN_DIR/hf, hf-best), damaged since
+            raise FileNotFoundError(
+                f"model.path {name_or_path} is damaged: {problem}; export it again "
+                "(python tools/export_hf.py RUN_DIR) or copy it whole")
         return name_or_path
     target = cache_dir() / name_or_path
     if (target / _DONE_MARKER).is_file():

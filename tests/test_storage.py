@@ -240,3 +240,29 @@ except checkpoint.SaveFailed as err:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FAILED True" in result.stdout, result.stdout
     assert list(small_disk.iterdir()) == []
+
+
+def test_an_export_is_whole_or_absent(saved, tmp_path):
+    """tools/export_hf.py refused a file write (ENOSPC injected) leaves neither hf-best nor its
+    partial directory, in one sentence; an export damaged later (a shard cut short) is refused
+    as a model.path in one sentence."""
+    from megatron_rlep.builtin_model import resolve_model_path
+
+    run = copy_of(saved, tmp_path)
+    environ = env(PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "helpers" / "full_disk"),
+                                              os.environ.get("PYTHONPATH", "")]),
+                  FULL_DISK_AT="hf-step-000002")
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "export_hf.py"), str(run),
+                             "--step", "2"], capture_output=True, text=True,
+                            timeout=scaled(300), env=environ)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: writing {run}/hf-step-000002 failed (OSError: [Errno 28] No "
+                           "space left on device") and line.endswith("run it again"), line
+    assert not (run / "hf-step-000002").exists() and not (run / "hf-step-000002.partial").exists()
+    shard = next((run / "hf").glob("*.safetensors"))
+    os.truncate(shard, 4096)
+    with pytest.raises(FileNotFoundError, match=rf"^model.path {run}/hf is damaged: {shard.name} "
+                                                r"is 4,096 bytes, its manifest says [\d,]+; "
+                                                "export it again"):
+        resolve_model_path(str(run / "hf"))

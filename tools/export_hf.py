@@ -10,8 +10,12 @@ tokenizer and chat template the export copies) and one checkpoint: ``checkpoints
 saved on any TP x PP x DP layout exports on one process, or on ``--tensor-parallel`` x
 ``--pipeline-parallel`` ranks for a model too large for one. The weights keep the dtype they
 were trained in, and layers built as the run built them (Transformer Engine or local specs).
-The export is written atomically to OUT (default ``RUN_DIR/hf-step-N``, or ``RUN_DIR/hf-best``)
-and is what ``model.path=OUT`` reads in tools/evaluate.py and tools/build_pool.py.
+The export is written atomically to OUT (default ``RUN_DIR/hf-step-N``, or ``RUN_DIR/hf-best``):
+under ``OUT.partial``, renamed when complete, with a manifest of its files' sizes and checksums
+(``python tools/checkpoint.py verify RUN_DIR`` checks it; ``model.path=OUT`` refuses it when a
+file no longer has its size). A write the file system refuses stops in one sentence and leaves
+nothing under OUT. It is what ``model.path=OUT`` reads in tools/evaluate.py and
+tools/build_pool.py.
 """
 
 from __future__ import annotations
@@ -91,13 +95,25 @@ def main(argv=None) -> int:
     parser.add_argument("--tensor-parallel", type=int, default=1)
     parser.add_argument("--pipeline-parallel", type=int, default=1)
     args = parser.parse_args(argv)
+    from megatron_rlep.actor.checkpoint import SaveFailed, human
+
     helpers_die_with_me()
+    out = None
     try:
         source = pick(args.run_dir, args.step, args.best)
         out = args.out or args.run_dir / ("hf-best" if args.best else f"hf-{source.name}")
         meta = export(args.run_dir, source, out, args.tensor_parallel, args.pipeline_parallel)
     except USER_ERRORS as err:
         fail(err)
+    except SaveFailed as err:
+        if not err.storage:
+            raise
+        import shutil
+
+        free = shutil.disk_usage(out.parent).free
+        fail(RunError(f"writing {out} failed ({err.reason}) with {human(free)} free there; "
+                      "the partial export is removed and nothing was written under that name: "
+                      "free space (or give -o on a file system with room) and run it again"))
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:
