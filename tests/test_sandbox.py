@@ -1,0 +1,166 @@
+"""Hostile programs in the code sandbox (megatron_rlep/reward/sandbox.py), each for real: it must
+end within its limit, leave no process and no file behind, and leave this process (the
+trainer's stand-in) running. Isolation is what the kernel gives here; the suite requires user
+namespaces and Landlock (the project's machines and CI have both)."""
+
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from speed import scaled
+
+from megatron_rlep.reward.sandbox import Limits, Sandbox
+
+LIMITS = Limits(wall_s=4.0, cpu_s=3, memory_mb=512, nproc=16, fsize_mb=8, tmpfs_mb=32,
+                output_bytes=1 << 16)
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """A sandbox whose work directories go under this test's tmp_path (checked empty after)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "work"))
+    (tmp_path / "work").mkdir()
+    yield Sandbox(LIMITS)
+    assert list((tmp_path / "work").iterdir()) == [], "a work directory was left behind"
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def run(sandbox, source: str, stdin: str = "", grace: float = 3):
+    """The program's outcome; it must be over ``grace`` seconds after its wall clock at most
+    (the kill and the reaping of what it started, on a loaded machine)."""
+    start = time.monotonic()
+    outcome = sandbox.run({"main.py": source}, stdin=stdin)
+    took = time.monotonic() - start
+    assert took < LIMITS.wall_s + scaled(grace), f"it took {took:.1f} s"
+    return outcome
+
+
+def test_this_node_isolates_programs(sandbox):
+    line = sandbox.probe()
+    assert line == ("code sandbox: user, pid, net, mount namespaces; a 32 MiB tmpfs work "
+                    "directory; Landlock ABI 7 (files, TCP, signals)") or \
+        line.startswith("code sandbox: user, pid, net, mount namespaces; a 32 MiB tmpfs work "
+                        "directory; Landlock ABI"), line
+    ok = run(sandbox, "print(int(input()) * 2)\n", "21\n")
+    assert (ok.status, ok.exit_code, ok.stdout) == ("ok", 0, "42\n")
+
+
+def test_an_endless_loop_and_a_sigterm_ignorer_end_at_the_wall_clock(sandbox):
+    spin = run(sandbox, "while True:\n    pass\n")
+    assert spin.status in ("timeout", "ok") and spin.exit_code in (None, 128 + 9, 128 + 24)
+    deaf = run(sandbox, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                        "time.sleep(1000)\n")
+    assert deaf.status == "timeout" and deaf.seconds < LIMITS.wall_s + 1
+
+
+def test_a_fork_bomb_is_capped_and_leaves_no_process(sandbox):
+    bomb = ("import os, time\n"
+            "for _ in range(10000):\n"
+            "    try:\n"
+            "        os.fork()\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "time.sleep(1234.25)\n")
+    # its processes fail their forks in a loop at the lowest priority on a saturated machine:
+    # after the wall clock kills the namespace's init they take seconds to be reaped
+    outcome = run(sandbox, bomb, grace=6)
+    assert outcome.status in ("timeout", "ok")
+    time.sleep(0.5)
+    assert processes_with("rlep-sandbox-") == []  # no runner left
+    assert processes_with("main.py") == []
+
+
+def test_a_memory_bomb_fails_inside_its_limit(sandbox):
+    outcome = run(sandbox, "x = bytearray(4 << 30)\nprint('allocated')\n")
+    assert outcome.status == "ok" and outcome.exit_code != 0 and "allocated" not in outcome.stdout
+    assert "MemoryError" in outcome.stderr
+
+
+def test_a_10_gb_file_and_1_gb_of_output_are_cut_off(sandbox, tmp_path):
+    big = run(sandbox, "with open('big', 'wb') as f:\n    for _ in range(10 * 1024):\n"
+                       "        f.write(b'x' * (1 << 20))\nprint('wrote')\n")
+    assert big.status == "ok" and big.exit_code != 0 and "wrote" not in big.stdout
+    loud = run(sandbox, "import sys\nblock = 'y' * (1 << 20)\nfor _ in range(1024):\n"
+                        "    sys.stdout.write(block)\n")
+    assert loud.status == "output" and len(loud.stdout) <= LIMITS.output_bytes
+    assert loud.seconds < 3
+
+
+def test_no_network_even_to_a_server_on_this_host(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    waiter = threading.Thread(target=accept)
+    waiter.start()
+    outcome = run(sandbox, f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), "
+                           "timeout=2)\nprint('connected')\n")
+    waiter.join()
+    server.close()
+    assert "connected" not in outcome.stdout and outcome.exit_code != 0
+    assert accepted == []
+
+
+def test_no_reading_the_run_or_home_and_no_writing_outside(sandbox, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"secret": "run settings"}')
+    home_file = Path.home() / f".rlep-sandbox-test-{os.getpid()}"
+    home_file.write_text("home secret")
+    outside = tmp_path / "written-from-the-sandbox"
+    try:
+        for path in (run_dir / "config.json", home_file):
+            outcome = run(sandbox, f"print(open({str(path)!r}).read())\n")
+            assert outcome.exit_code != 0 and "secret" not in outcome.stdout, path
+            assert "PermissionError" in outcome.stderr
+        wrote = run(sandbox, f"open({str(outside)!r}, 'w').write('x')\n")
+        assert wrote.exit_code != 0 and not outside.exists()
+        here = run(sandbox, "open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())\n")
+        assert here.stdout == "ok\n"  # its own directory it may use
+    finally:
+        home_file.unlink()
+
+
+def test_killing_its_parent_or_leaving_a_setsid_child_changes_nothing_outside(sandbox):
+    parent = run(sandbox, "import os\nos.kill(os.getppid(), 9)\nprint('sent')\n")
+    assert parent.status == "ok"  # this process and the sandbox's runner both went on
+    child = run(sandbox, "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                         "'import time; time.sleep(1234.5)'], start_new_session=True)\n"
+                         "print('left it')\n")
+    assert child.status == "ok" and child.stdout == "left it\n"
+    time.sleep(0.5)
+    assert processes_with("1234.5") == []
+
+
+def test_a_sandbox_that_cannot_isolate_is_an_infrastructure_failure(sandbox, monkeypatch):
+    """Where the setup fails (here: a work directory the runner cannot use), the run is
+    reported as infra, never as the program's wrong answer."""
+    broken = Sandbox(LIMITS)
+    broken.reads = ["/nonexistent"]
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix="": "/proc/self/nonexistent")
+    outcome = broken.run({"main.py": "print(1)\n"})
+    assert outcome.status == "infra" and outcome.reason, outcome
