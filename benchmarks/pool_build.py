@@ -40,7 +40,7 @@ def main():
     from megatron_rlep.config import compose
     from megatron_rlep.data import load_examples
     from megatron_rlep.rollout import make_engine
-    from megatron_rlep.verifier import Verifier
+    from megatron_rlep.reward.scorer import Scorer
 
     cfg = compose(DEFAULTS + args.overrides, "build_pool")
     examples = load_examples(cfg.data.train, "train", None, levels=cfg.data.levels,
@@ -50,7 +50,7 @@ def main():
     engine = make_engine(cfg.rollout, resolve_model_path(cfg.model.path),
                          platform.compute_dtype(cfg.model.dtype), cfg.seed,
                          cfg.data.max_prompt_length + cfg.rollout.max_response_length, 1)
-    verifier = Verifier(cfg.verifier.mode)
+    verifier = Scorer(cfg.verifier)
     build_pool.sample(engine, shards[0][:1], 0, cfg)  # warm-up
     times = {"bare": 0.0, "build": 0.0, "builder_work": 0.0}
     samples = 0

@@ -39,7 +39,7 @@ VALIDATION = ("test", 128, 2, 32, 1.0, (3, 4, 6))
 def measure(kind: str, repeats: int) -> dict:
     import torch
 
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
     from megatron_rlep.builtin_model import resolve_model_path
     from megatron_rlep.rollout import TransformersEngine, encode_prompt
 

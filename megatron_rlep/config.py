@@ -199,8 +199,33 @@ class LoggingConfig:
 
 
 @dataclass
+class CodeSandboxConfig:
+    """What a code answer's program may use, per test run (megatron_rlep/reward/sandbox.py)."""
+    wall_s: float = 10.0
+    cpu_s: int = 10
+    memory_mb: int = 1024
+    nproc: int = 32  # processes (a fork bomb stops there)
+    fsize_mb: int = 16  # the largest file it may write
+    tmpfs_mb: int = 64  # its whole work directory
+    output_kb: int = 1024  # stdout, and stderr; more kills it
+    partial_credit: bool = False  # score 2 x the share of tests passed - 1 (else all or none)
+    # true: where the kernel refuses the namespaces or Landlock, code answers are infrastructure
+    # failures (the run stops past verifier.max_failures); false: run them with what is left
+    require_isolation: bool = True
+
+
+@dataclass
 class VerifierConfig:
-    mode: str = "dapo"  # dapo | math
+    # dapo | math: the math rule for every answer; code: the code checker for every answer;
+    # custom: by data_source as verl does (math -> math_rule, code -> the code checker, the
+    # rest -> function)
+    mode: str = "dapo"
+    function: Optional[str] = None  # custom: FILE.py:NAME or module:NAME, verl's signature
+    math_rule: str = "dapo"  # code and custom: the rule for math data sources (dapo | math)
+    workers: int = 1  # scoring processes per rank
+    timeout_s: float = 30.0  # an answer's scoring deadline (a code answer: all its tests)
+    max_failures: float = 0.1  # a larger share of a step's rewards raising or timing out stops it
+    code: CodeSandboxConfig = field(default_factory=CodeSandboxConfig)
 
 
 @dataclass
@@ -270,6 +295,8 @@ class EvaluateConfig:
 class DemoConfig:
     """python -m megatron_rlep.demo: baseline, pool, RLEP, evaluation and report in one run."""
     experiment: str = "cpu_demo"  # the training preset both runs share (conf/experiment/)
+    # the built-in task: arithmetic (the preset as named), code or logic (<experiment>_<task>)
+    task: str = "arithmetic"
     replay_per_prompt: int = 2  # M of the RLEP run; the baseline has 0
     seed: int = 1  # both runs, the pool and the evaluation
     out: str = "runs/demo"
@@ -311,7 +338,7 @@ _register_schema()
 _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmConfig,
                                            ReplayConfig, CorrectionConfig,
                                            RolloutConfig, ValidationConfig, ParallelConfig,
-                                           LoggingConfig, VerifierConfig)}
+                                           LoggingConfig, VerifierConfig, CodeSandboxConfig)}
 
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
@@ -323,12 +350,13 @@ _CHOICES = {
     "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
     "rollout.engine": ("auto", "vllm", "transformers"),
     "logging.wandb": ("online", "offline", "disabled"),
-    "verifier.mode": ("dapo", "math"),
+    "verifier.mode": ("dapo", "math", "code", "custom"), "verifier.math_rule": ("dapo", "math"),
     "model.dtype": ("auto", "float32", "bfloat16"),
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
     "parallel.recompute": ("none", "selective", "full"),
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
     "wandb": ("online", "offline", "disabled"), "compare": ("none", "matched"),
+    "task": ("arithmetic", "code", "logic"),
 }
 _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),
@@ -356,7 +384,11 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "logging.eval_every": (0, None), "logging.save_every": (0, None), "logging.keep_checkpoints": (0, None), "limit": (1, None),
     "max_tokens": (1, None), "chunk_size": (1, None), "replay_per_prompt": (1, None),
     "pool_samples": (1, None), "pool_temperature": (0.0, None), "pool_top_p": (0.0, 1.0),
-    "eval_samples": (1, None),
+    "eval_samples": (1, None), "verifier.workers": (1, None), "verifier.timeout_s": (0.1, None),
+    "verifier.max_failures": (0.0, 1.0), "verifier.code.wall_s": (0.1, None),
+    "verifier.code.cpu_s": (1, None), "verifier.code.memory_mb": (16, None),
+    "verifier.code.nproc": (1, None), "verifier.code.fsize_mb": (1, None),
+    "verifier.code.tmpfs_mb": (1, None), "verifier.code.output_kb": (1, None),
 }
 
 
@@ -395,6 +427,11 @@ def _check_values(cfg) -> None:
         raise ConfigError(f"config key algorithm.kl_coef={cfg.algorithm.kl_coef} asks for a KL "
                           "term against a reference policy, which this trainer does not build "
                           "(RLEP and DAPO train without one); set algorithm.kl_coef=0.")
+    verifier = getattr(cfg, "verifier", None)
+    if verifier is not None and (verifier.mode == "custom") != bool(verifier.function):
+        raise ConfigError("config key verifier.function names the reward function of "
+                          "verifier.mode=custom and only of it; give verifier=custom "
+                          "verifier.function=FILE.py:NAME together (or neither).")
     if isinstance(cfg, Config) and cfg.parallel.share_prompts and cfg.parallel.pack_sequences:
         raise ConfigError("config keys parallel.share_prompts and parallel.pack_sequences are two "
                           "ways to pack a micro-batch; set one of them to false.")

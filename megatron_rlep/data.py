@@ -4,7 +4,8 @@ Formats: verl/DAPO parquet (``data_source``, ``prompt``, ``reward_model.ground_t
 ``extra_info``; repeated prompts are dropped, DAPO-Math-17k repeats each ~100 times), the RLEP
 release parquet (the same plus ``reward_model.candidates``), the JSONL evaluation sets
 (AIME, AMC, MATH-500, GSM8K's ``#### N``), a Hugging Face dataset id through ``datasets``, and
-the built-in ``arithmetic`` task. Every reader returns ``list[Example]``.
+the built-in tasks (``megatron_rlep/tasks/``). Every reader returns ``list[Example]``
+(``megatron_rlep/example.py``).
 
 This module reads data; it does not tokenize, score or sample.
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from megatron_rlep.example import DataError, Example  # noqa: F401 - their home for readers
 
 DAPO_TEMPLATE = (
     "Solve the following math problem step by step. The last line of your response should be "
@@ -26,23 +28,6 @@ DAPO_TEMPLATE = (
 # the evaluation sets shipped with the repository (aime24, aime25, amc23, math500; sources and
 # licences in data/eval/README.md): names resolve here when data_dir does not hold them
 EVAL_DIR = Path(__file__).resolve().parent.parent / "data" / "eval"
-
-
-class DataError(ValueError):
-    """A data file that cannot be read as asked; the message names the file and the fix."""
-
-
-@dataclass(frozen=True)
-class Example:
-    id: str
-    prompt: tuple[dict, ...]  # chat messages: ({"role": ..., "content": ...}, ...)
-    ground_truth: str
-    data_source: str
-    candidates: tuple[str, ...] = field(default=())  # verified answers (RLEP pool), if any
-
-    @property
-    def question(self) -> str:
-        return self.prompt[-1]["content"]
 
 
 def dapo_prompt(problem: str) -> tuple[dict, ...]:
@@ -102,6 +87,7 @@ def load_parquet(path: str | Path, data_source: str | None = None) -> list[Examp
             ground_truth=clean_answer(reward.get("ground_truth")),
             data_source=data_source or row.get("data_source") or path.stem,
             candidates=tuple(reward.get("candidates") or ()),
+            extra_info=extra if isinstance(extra, dict) and extra else None,
         ))
     return examples
 
@@ -177,15 +163,15 @@ def load_examples(spec: str, split: str = "train", data_dir: str | Path | None =
                   **builtin_kwargs) -> list[Example]:
     """Resolve ``spec`` to examples.
 
-    ``spec`` is ``arithmetic`` (the built-in task), a ``.parquet``/``.jsonl`` path, a name found
+    ``spec`` is a built-in task (``arithmetic``, ``code``, ``logic``), a ``.parquet``/``.jsonl`` path, a name found
     as ``<data_dir>/<spec>.jsonl`` or ``.parquet`` (then under the shipped ``data/eval/``), or a
     Hugging Face dataset id. A spec that looks like a path but names no file stops here, so a
     mistyped path is never sent to the hub.
     """
-    if spec == "arithmetic":
-        from megatron_rlep import arithmetic
+    from megatron_rlep import tasks
 
-        return arithmetic.examples(split=split, **builtin_kwargs)
+    if spec in tasks.BUILTIN:
+        return tasks.examples(spec, split=split, **builtin_kwargs)
     dirs = [Path(data_dir)] if data_dir is not None else []
     candidates = [Path(spec).expanduser()] + [d / f"{spec}{suffix}" for d in dirs + [EVAL_DIR]
                                               for suffix in (".jsonl", ".parquet")]

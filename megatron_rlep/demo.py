@@ -2,10 +2,12 @@
 -> report.
 
     python -m megatron_rlep.demo [seed=1] [out=runs/demo] [replay_per_prompt=2] \
-        [experiment=cpu_demo] [algorithm.total_steps=12 data.levels=[1,2] ...]
+        [experiment=cpu_demo] [task=arithmetic|code|logic] [algorithm.total_steps=12 ...]
 
 The demo's own keys are those of ``DemoConfig`` (megatron_rlep/config.py); every other
-``key=value`` is a training override given to both runs.
+``key=value`` is a training override given to both runs. ``task=code`` or ``task=logic`` runs
+it on another built-in task, with the preset ``<experiment>_<task>`` (its levels, response
+length and reward: ``conf/experiment/cpu_demo_code.yaml``, ``cpu_demo_logic.yaml``).
 
 1. the baseline: ``python -m megatron_rlep.train experiment=<experiment>`` with M = 0;
 2. the pool: ``tools/build_pool.py`` samples ``pool_samples`` answers per training question from
@@ -42,7 +44,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from megatron_rlep import jobs, paired
+from megatron_rlep import jobs, paired, tasks
 from megatron_rlep.config import Config, ConfigError, DemoConfig, compose
 from megatron_rlep.files import write_json_atomic, write_text_atomic
 
@@ -68,7 +70,7 @@ def training_overrides(cfg: DemoConfig, extra: list[str], run: str, out: Path,
                        group: int | None = None) -> list[str]:
     """The trainer's command line for ``run``: the shared preset and overrides, then what tells
     the runs apart (M and the pool; for ``matched``, ``group`` = G + M fresh rollouts)."""
-    shared = [f"experiment={cfg.experiment}", f"seed={cfg.seed}", *extra,
+    shared = [f"experiment={preset(cfg)}", f"seed={cfg.seed}", *extra,
               f"logging.wandb={cfg.wandb}", "logging.progress=false", f"run_dir={out / run}"]
     if run == "baseline":
         return shared + ["algorithm.replay_per_prompt=0"]
@@ -76,6 +78,19 @@ def training_overrides(cfg: DemoConfig, extra: list[str], run: str, out: Path,
         return shared + ["algorithm.replay_per_prompt=0", f"algorithm.rollouts_per_prompt={group}"]
     return shared + ["algorithm.name=rlep", f"algorithm.replay_per_prompt={cfg.replay_per_prompt}",
                      f"algorithm.pool={out / 'pool'}"]
+
+
+def preset(cfg: DemoConfig) -> str:
+    """The training preset: ``experiment`` for the arithmetic task, ``<experiment>_<task>``
+    (``conf/experiment/cpu_demo_code.yaml``) for another built-in task."""
+    return cfg.experiment if cfg.task == "arithmetic" else f"{cfg.experiment}_{cfg.task}"
+
+
+def verifier_arguments(train: Config) -> list[str]:
+    """The training run's reward as the pool and evaluation tools take it."""
+    v = train.verifier
+    return [f"verifier={v.mode}", f"verifier.math_rule={v.math_rule}"] + \
+        ([f"verifier.function={v.function}"] if v.function else [])
 
 
 def _listing(values) -> str:
@@ -97,8 +112,10 @@ def _sizes(train: Config) -> tuple[int, list[int]]:
     """(training questions, questions of each held-out set) as the trainer will load them."""
     from megatron_rlep.data import load_examples
 
+    from megatron_rlep import tasks
+
     data = train.data
-    if data.train == "arithmetic":
+    if data.train in tasks.BUILTIN:
         return data.train_size, [data.eval_size] * len(data.eval)
     return (len(load_examples(data.train, "train", data.data_dir)),
             [len(load_examples(name, "test", data.data_dir)) for name in data.eval])
@@ -118,7 +135,7 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
                  f"min_correct={cfg.min_correct}", f"dedupe={cfg.pool_dedupe}",
                  f"rollout.engine={rollout.engine}",
                  f"rollout.max_response_length={rollout.max_response_length}",
-                 f"rollout.batch_size={rollout.batch_size}", f"verifier={train.verifier.mode}",
+                 f"rollout.batch_size={rollout.batch_size}", *verifier_arguments(train),
                  f"seed={cfg.seed}", f"shard_size={POOL_SHARD}", f"out={out / 'pool'}",
                  "progress=false"]
 
@@ -129,7 +146,7 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
                 f"samples={cfg.eval_samples}", f"temperature={rollout.temperature}",
                 f"top_p={rollout.top_p}", f"max_tokens={rollout.max_response_length}",
                 f"rollout.engine={rollout.engine}", f"rollout.batch_size={rollout.batch_size}",
-                f"verifier={train.verifier.mode}", f"seed={cfg.seed}", f"chunk_size={EVAL_CHUNK}",
+                *verifier_arguments(train), f"seed={cfg.seed}", f"chunk_size={EVAL_CHUNK}",
                 f"out={out / ('eval-' + run)}", f"logging.wandb={cfg.wandb}", "progress=false"]
 
     steps, group = train.algorithm.total_steps, train.algorithm.rollouts_per_prompt
@@ -309,11 +326,11 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
     a, data = train.algorithm, train.data
     n_train, n_eval = _sizes(train)
     report = {
-        "seed": cfg.seed, "experiment": cfg.experiment, "train_overrides": list(extra),
+        "seed": cfg.seed, "experiment": preset(cfg), "train_overrides": list(extra),
         "settings": {"G": a.rollouts_per_prompt, "M": cfg.replay_per_prompt,
                      "steps": a.total_steps, "prompts_per_step": a.prompts_per_rollout,
                      "data": data.train, "heldout": list(data.eval),
-                     "levels": list(data.levels) if data.train == "arithmetic" else None,
+                     "levels": list(data.levels) if data.train in tasks.BUILTIN else None,
                      "train_questions": n_train, "heldout_questions": sum(n_eval),
                      "val_samples": train.validation.n, "eval_samples": cfg.eval_samples,
                      "max_response_length": train.rollout.max_response_length, "lr": a.lr,
@@ -341,7 +358,7 @@ def markdown(report: dict) -> str:
     lines = [f"# RLEP demo: DAPO baseline against RLEP (seed {report['seed']})", "",
              f"Preset `{report['experiment']}`" + (f" with {', '.join(report['train_overrides'])}"
                                                   if report["train_overrides"] else "") +
-             f": {'arithmetic levels ' + str(s['levels']) if s['levels'] else s['data']}, "
+             f": {s['data'] + ' levels ' + str(s['levels']) if s['levels'] else s['data']}, "
              f"{s['train_questions']} training and "
              f"{s['heldout_questions']} held-out questions, {s['prompts_per_step']} prompts a step, "
              f"G = {s['G']} fresh rollouts (RLEP adds M = {s['M']} replays), {s['steps']} steps, "
@@ -441,7 +458,8 @@ def run(cfg: DemoConfig, extra: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # compare adds stages without changing the others: a demo may be rerun with it
     settings = {k: v for k, v in asdict(cfg).items()
-                if k not in ("out", "progress", "wandb", "compare")}
+                if k not in ("out", "progress", "wandb", "compare")
+                and (k, v) != ("task", "arithmetic")}  # as demos before the key pinned it
     jobs.pin_settings(out / "demo.json", {**settings, "train_overrides": extra}, rank=0)
     stages = plan(cfg, extra, train, out)
     record = out / "stages.json"

@@ -8,7 +8,8 @@ when ``fill_absent`` is off; a prompt the strategy leaves without replays gets G
 ``replay_sample`` turns a pool answer into a sequence like a fresh one: its stored token ids and
 behaviour log-probs where the pool has them, else the text re-tokenised with EOS appended; cut
 at the response limit (then without EOS, and the overlong penalty applies). Every sample of a group is
-scored by the same reward; advantages are normalised over the whole group.
+scored by the same reward (``reward/scorer.py``, once for all ranks); an answer the code
+sandbox could not run is left out; advantages are normalised over the whole group.
 
 This module knows nothing of Megatron or of the engines' internals.
 """
@@ -37,6 +38,7 @@ class Sample:
     pred: Optional[str] = None
     advantage: float = 0.0
     logprobs: tuple[float, ...] = ()  # behaviour log-probs: the engine's, a replay's stored ones
+    status: str = "ok"  # the reward's: ok | error | timeout | infra (reward/scorer.py)
 
 
 @dataclass
@@ -109,16 +111,28 @@ def replay_sample(text: str, tokenizer, max_length: int,
     return Sample(tuple(ids), text, replay=True, finished=finished, logprobs=tuple(logprobs))
 
 
-def score_groups(groups: list[Group], verifier) -> None:
-    """Reward every sample with the verifier (overlong penalty by token length)."""
+def score_samples(pairs: list[tuple[Sample, Example]], scorer, collective: bool = True) -> list:
+    """Reward every (sample, its example) in one batch (``reward/scorer.py``: once for all
+    ranks, overlong penalty by token length); returns the Scores."""
+    from megatron_rlep.reward.scorer import Item
+
+    scores = scorer.score([Item(ex.data_source, s.text, ex.ground_truth, ex.extra_info,
+                                len(s.response_ids)) for s, ex in pairs], collective)
+    for (s, _), score in zip(pairs, scores):
+        s.reward, s.correct, s.pred, s.status = score.reward, score.correct, score.pred, \
+            score.status
+    return scores
+
+
+def without_unscored(groups: list[Group]) -> int:
+    """Leave out of their groups the answers the sandbox could not run (an infrastructure
+    failure is no signal: neither in a group's statistics nor trained); returns how many."""
+    dropped = 0
     for group in groups:
-        score_samples(group.samples, group.example, verifier)
-
-
-def score_samples(samples: list[Sample], example: Example, verifier) -> None:
-    for s in samples:
-        score = verifier.score(s.text, example.ground_truth, length=len(s.response_ids))
-        s.reward, s.correct, s.pred = score.reward, score.correct, score.pred
+        kept = [s for s in group.samples if s.status != "infra"]
+        dropped += len(group.samples) - len(kept)
+        group.samples = kept
+    return dropped
 
 
 def assign_advantages(groups: list[Group], normalize_std: bool = True) -> None:

@@ -40,7 +40,9 @@ def barrier() -> None:
 
 
 def pin_settings(path: Path, wanted: dict, rank: int) -> None:
-    """Write ``wanted`` to ``path`` on the first run; on a rerun, refuse other settings."""
+    """Write ``wanted`` to ``path`` on the first run; on a rerun, refuse other settings (a key
+    an earlier version did not write counts as None: a new key's default keeps the behaviour
+    from before it existed)."""
     from megatron_rlep.config import ConfigError
     from megatron_rlep.files import write_json_atomic
 
@@ -48,8 +50,8 @@ def pin_settings(path: Path, wanted: dict, rank: int) -> None:
         write_json_atomic(wanted, path)
     barrier()
     previous = json.loads(path.read_text())
-    if previous != wanted:
-        changed = next(k for k in wanted if previous.get(k) != wanted[k])
+    changed = next((k for k in wanted if previous.get(k) != wanted[k]), None)
+    if changed is not None:
         raise ConfigError(
             f"output directory {path.parent} was started with other settings ({changed}: "
             f"{previous.get(changed)!r} there, {wanted[changed]!r} now); rerun with the same "

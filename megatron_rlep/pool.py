@@ -71,15 +71,15 @@ class ExperiencePool:
         return cls.load(path)
 
     @classmethod
-    def load(cls, path: str | Path, verifier=None, drop_rejected: bool = False,
+    def load(cls, path: str | Path, scorer=None, drop_rejected: bool = False,
              partial: bool = False) -> "ExperiencePool":
-        """Read and check a pool; with a ``verifier``, count (and optionally drop) the
+        """Read and check a pool; with a ``scorer``, count (and optionally drop) the
         candidates it rejects. ``partial``: a pool directory without its manifest (a build
         that has not finished) is read from the shards there instead of refused."""
         rows = check_rows(read_rows(path, partial), path)
         rejected = 0
-        if verifier is not None:
-            rows, rejected, _ = verify_rows(rows, verifier, drop_rejected)
+        if scorer is not None:
+            rows, rejected, _ = verify_rows(rows, scorer, drop_rejected)
         entries: dict[str, list[Answer]] = {}
         pass_rates, first = {}, {}
         for row in rows:  # rows of one question (two copies of a dataset) pool their answers
@@ -277,13 +277,19 @@ def check_rows(rows: list[dict], source) -> list[dict]:
     return rows
 
 
-def verify_rows(rows: list[dict], verifier, drop: bool) -> tuple[list[dict], int, int]:
-    """Check every candidate with ``verifier``: (rows, rejected candidates, questions with a
-    rejected one). With ``drop`` the rejected candidates go, and questions left with none."""
+def verify_rows(rows: list[dict], scorer, drop: bool) -> tuple[list[dict], int, int]:
+    """Check every candidate with ``scorer`` (``reward/scorer.py``, one batch): (rows, rejected
+    candidates, questions with a rejected one). With ``drop`` the rejected candidates go, and
+    questions left with none."""
+    from megatron_rlep.reward.scorer import Item
+
+    items = [Item(row.get("data_source") or "", c, row["reward_model"]["ground_truth"],
+                  row.get("extra_info") if isinstance(row.get("extra_info"), dict) else None)
+             for row in rows for c in row["reward_model"]["candidates"]]
+    correct = iter([score.correct for score in scorer.score(items)])
     out, rejected, questions = [], 0, 0
     for row in rows:
-        truth = row["reward_model"]["ground_truth"]
-        verdicts = [verifier.verdict(c, truth)[0] for c in row["reward_model"]["candidates"]]
+        verdicts = [next(correct) for _ in row["reward_model"]["candidates"]]
         bad = verdicts.count(False)
         rejected += bad
         questions += bad > 0

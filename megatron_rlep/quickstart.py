@@ -12,18 +12,20 @@ from __future__ import annotations
 import sys
 import time
 
+from megatron_rlep import tasks
 from megatron_rlep.cli import hydra_entry
 from megatron_rlep.config import Config
 from megatron_rlep.data import load_examples, problem_of
 from megatron_rlep.rollout import TransformersEngine, encode_prompt
-from megatron_rlep.verifier import Verifier
+from megatron_rlep.reward.scorer import Item, Scorer
 
 
 def run(cfg: Config) -> float:
     examples = load_examples(cfg.data.eval[0], split="test", data_dir=cfg.data.data_dir,
-                             **_task_kwargs(cfg, cfg.questions))[: cfg.questions]
+                             **tasks.loader_kwargs(cfg.data.eval[0], cfg.data.levels,
+                                                   cfg.questions, cfg.seed))[: cfg.questions]
     engine = TransformersEngine(cfg.model.path, batch_size=cfg.rollout.batch_size)
-    verifier = Verifier(cfg.verifier.mode)
+    verifier = Scorer(cfg.verifier)
     start = time.time()
     correct = total = 0
     for index, example in enumerate(examples):
@@ -34,7 +36,8 @@ def run(cfg: Config) -> float:
                                 max_tokens=cfg.rollout.max_response_length,
                                 seed=cfg.seed * 1009 + index)[0]
         for completion in group:
-            score = verifier.score(completion.text, example.ground_truth)
+            score = verifier.score([Item(example.data_source, completion.text,
+                                         example.ground_truth, example.extra_info)])[0]
             correct += score.correct
             total += 1
             verdict = "CORRECT" if score.correct else "wrong  "
@@ -45,12 +48,6 @@ def run(cfg: Config) -> float:
           f"({cfg.verifier.mode} rule, {time.time() - start:.0f}s generating)")
     verifier.close()
     return rate
-
-
-def _task_kwargs(cfg: Config, n: int) -> dict:
-    if cfg.data.eval[0] != "arithmetic":
-        return {}
-    return {"levels": cfg.data.levels, "n": n, "seed": cfg.seed}
 
 
 if __name__ == "__main__":

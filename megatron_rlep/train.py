@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import metrics, rundir
+from megatron_rlep import metrics, rundir, tasks
 from megatron_rlep.actor import checkpoint as actor_checkpoint
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
@@ -50,14 +50,14 @@ from megatron_rlep.data import Example, load_examples
 from megatron_rlep.files import write_text_atomic
 from megatron_rlep.correction import active as correction_active, batch_correction
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
-                                  rescue_replays, score_groups, score_samples)
+                                  rescue_replays, score_samples, without_unscored)
 from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
 from megatron_rlep.rollout import (encode_prompt, generate_sharded, make_engine, model_stop_ids,
                                    training_engine)
-from megatron_rlep.verifier import Verifier
+from megatron_rlep.reward.scorer import Item, Scorer
 
 
 def is_rank0() -> bool:
@@ -128,12 +128,19 @@ class Trainer:
         # start-up
         resolve_model_path(cfg.model.path)
         self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
-                                       **_task_kwargs(cfg, cfg.data.train, cfg.data.train_size))
+                                       **tasks.loader_kwargs(cfg.data.train, cfg.data.levels,
+                                                              cfg.data.train_size, cfg.seed))
         self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
-                                              **_task_kwargs(cfg, name, cfg.data.eval_size))
+                                              **tasks.loader_kwargs(name, cfg.data.levels,
+                                                                     cfg.data.eval_size, cfg.seed))
                           for name in cfg.data.eval}
-        self.verifier = Verifier(cfg.verifier.mode, max_length=r.max_response_length,
-                                 overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
+        # the reward's workers start here: a reward file that does not import stops the run now
+        self.scorer = Scorer(cfg.verifier, max_length=r.max_response_length,
+                             overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
+        if is_rank0():
+            for line in filter(None, (self.scorer.describe(), self.scorer.sandbox_line())):
+                print(line, flush=True)
+        self.unscored = 0  # answers left out of their groups this step (the sandbox failed)
         self.pool = self._load_pool()
         self.disk = self.disk_plan()
         problem = rundir.room_problem(self.run_dir, self.disk, cfg.logging.keep_checkpoints)
@@ -261,7 +268,7 @@ class Trainer:
             return None
         if not a.pool:
             return ExperiencePool({}, "live")
-        pool = ExperiencePool.load(a.pool, self.verifier, a.pool_drop_rejected, a.pool_partial)
+        pool = ExperiencePool.load(a.pool, self.scorer, a.pool_drop_rejected, a.pool_partial)
         if pool.rejected and is_rank0():
             fate = "dropped" if a.pool_drop_rejected else \
                 "kept (algorithm.pool_drop_rejected=true drops them)"
@@ -301,16 +308,23 @@ class Trainer:
         for group, fresh in zip(groups, completions):
             group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
                                     logprobs=c.logprobs) for c in fresh]
-        score_groups(groups, self.verifier)
+        self._score([(s, g.example) for g in groups for s in g.samples], f"step {step}")
         for group in groups:
             self.pass_rates.add(question_key(group.example), [s.correct for s in group.samples])
             if a.replay.strategy == "rescue":
                 group.replays = rescue_replays(group, self.pool, a.replay_per_prompt,
                                                self.cfg.seed, step, a.replay_distinct)
-            replayed = [self._replay_sample(group.example, t) for t in group.replays]
-            score_samples(replayed, group.example, self.verifier)
-            group.samples += replayed
+        replayed = [(self._replay_sample(g.example, t), g) for g in groups for t in g.replays]
+        self._score([(s, g.example) for s, g in replayed], f"step {step}'s replays")
+        for sample, group in replayed:
+            group.samples.append(sample)
+        self.unscored += without_unscored(groups)
         return groups
+
+    def _score(self, pairs: list, what: str) -> None:
+        """Rewards of (sample, example) pairs, once for all ranks; too many failed: a stop."""
+        if pairs:
+            self.scorer.check(score_samples(pairs, self.scorer, collective=True), what)
 
     def _replay_sample(self, example: Example, text: str) -> Sample:
         stored = self.cfg.algorithm.correction.replay == "stored"
@@ -442,11 +456,14 @@ class Trainer:
             completions = generate_sharded(
                 self.engine, [self._prompt_ids(e) for e in examples], [n] * len(examples),
                 self.cfg.rollout.tensor_parallel, seed=self.cfg.seed, **self._validation())
+            answers = [(i, j, e, c) for i, (e, group) in enumerate(zip(examples, completions))
+                       for j, c in enumerate(group)]
+            scores = self.scorer.score([Item(e.data_source, c.text, e.ground_truth, e.extra_info)
+                                        for _, _, e, c in answers], collective=True)
+            self.scorer.check(scores, f"the validation of {name} at step {step}")
             rows = [{"data_source": e.data_source, "id": f"{i}", "sample_index": j,
-                     "pred": pred, "correct": ok}
-                    for i, (e, group) in enumerate(zip(examples, completions))
-                    for j, (ok, pred) in enumerate(self.verifier.verdict(c.text, e.ground_truth)
-                                                   for c in group)]
+                     "pred": score.pred, "correct": score.correct}
+                    for (i, j, e, _), score in zip(answers, scores)]
             result = metrics.compute(rows)
             record += [dict(row, id=f"{name}/{row['id']}") for row in rows]
             for source, m in result.items():
@@ -481,7 +498,8 @@ class Trainer:
         provenance = json.dumps({"source": str(self.run_dir), "step": step,
                                  "temperature": r.temperature, "top_p": r.top_p,
                                  "max_response_length": r.max_response_length,
-                                 "verifier": self.cfg.verifier.mode})
+                                 "verifier": self.cfg.verifier.mode,
+                                 "function": self.cfg.verifier.function})
         for g in groups:
             good = [Answer(s.text, step, s.response_ids, s.logprobs, provenance)
                     for s in g.samples if not s.replay and s.correct and s.finished]
@@ -594,12 +612,15 @@ class Trainer:
                     metrics.update(self.validate(self.step))
                     metrics["val/best_kept"] = float(self.keep_best(self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
+                metrics.update(self.scorer.take_counts())  # rewards that raised, timed out, ...
+                metrics["reward/unscored"], self.unscored = self.unscored, 0
                 if self.pool is not None:
                     metrics.update(self.replay_metrics(groups, step))
                 metrics["time/step_s"] = time.perf_counter() - t0
                 metrics.update(_memory_metrics())
-                if cfg.logging.dump_batches and is_rank0():
-                    _dump(self.run_dir / "batches" / f"step-{step:06d}.json", groups)
+                if cfg.logging.dump_batches:  # every rank's own: they must agree
+                    rank = f"rank-{dist.get_rank()}/" if not is_rank0() else ""
+                    _dump(self.run_dir / "batches" / f"{rank}step-{step:06d}.json", groups)
                 saved = self.step == a.total_steps or (cfg.logging.save_every and
                                                        self.step % cfg.logging.save_every == 0)
                 if saved:
@@ -618,7 +639,7 @@ class Trainer:
                     break
         finally:
             monitor.close()
-            self.verifier.close()
+            self.scorer.close()
 
 
 def _memory_metrics() -> dict:
@@ -631,11 +652,6 @@ def _memory_metrics() -> dict:
            "perf/device_memory_used_gib": (total - free) / 2**30}
     torch.cuda.reset_peak_memory_stats()
     return out
-
-
-def _task_kwargs(cfg: Config, spec: str, n: int) -> dict:
-    """Arguments of the built-in task; other datasets take none."""
-    return {"levels": cfg.data.levels, "n": n, "seed": cfg.seed} if spec == "arithmetic" else {}
 
 
 def _sequences(groups: list[Group]) -> SequenceBatch:
@@ -707,7 +723,8 @@ def _dump(path: Path, groups: list[Group]) -> None:
              "fresh_requested": g.fresh_requested,
              "samples": [{"replay": s.replay, "response_ids": list(s.response_ids), "text": s.text,
                           "finished": s.finished, "reward": s.reward, "correct": s.correct,
-                          "advantage": s.advantage, "logprobs": list(s.logprobs)}
+                          "advantage": s.advantage, "logprobs": list(s.logprobs),
+                          "status": s.status}
                          for s in g.samples]} for g in groups]
     path.write_text(json.dumps(data))
 

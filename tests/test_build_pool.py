@@ -54,13 +54,13 @@ def straight(tiny_model, tmp_path_factory):
 @pytest.mark.e2e
 def test_builtin_model_pool_reverifies_and_manifest_matches(tmp_path):
     from megatron_rlep.data import load_parquet
-    from megatron_rlep.verifier import Verifier
+    from megatron_rlep.reward.math_rule import MathRule
 
     out = tmp_path / "pool"
     run(command(out, "data.levels=[1]", "data.train_size=6", "samples=6", "temperature=1.0",
                 "rollout.max_response_length=24", "shard_size=3", "min_correct=1"))
     manifest = json.loads((out / "manifest.json").read_text())
-    verifier = Verifier("dapo")
+    verifier = MathRule("dapo")
     kept = trajectories = 0
     for entry in manifest["shards"]:
         rows = load_parquet(out / entry["file"])
@@ -150,13 +150,13 @@ def test_dedupe_counts_identical_answers_once_and_off_keeps_them_all():
 
     from megatron_rlep.config import BuildPoolConfig
     from megatron_rlep.data import dapo_prompt
+    from megatron_rlep.reward.scorer import Scorer, settings
     from megatron_rlep.rollout.base import Completion
-    from megatron_rlep.verifier import Verifier
 
     example = Example("q1", dapo_prompt("Compute $2 + 3$."), "5", "arithmetic-L1")
     same = Completion("2 + 3 = 5.\nAnswer: 5", (1, 2, 3), True)
     group = [same, Completion("Answer: 6", (4,), True), same, same]
-    verifier = Verifier("dapo")
+    verifier = Scorer(settings("dapo"))
     try:
         rows, stats = shard_rows([example], [group], verifier, BuildPoolConfig(min_correct=2))
         assert rows == [] and stats == {"samples": 4, "correct": 3, "unfinished_dropped": 0}
@@ -175,14 +175,14 @@ def test_answers_cut_at_the_length_limit_stay_out_of_the_pool_unless_asked():
     from build_pool import shard_rows
 
     from megatron_rlep.config import BuildPoolConfig
+    from megatron_rlep.reward.scorer import Scorer, settings
     from megatron_rlep.rollout.base import Completion
-    from megatron_rlep.verifier import Verifier
 
     ex = Example("q", ({"role": "user", "content": "2 + 3?"},), "5", "t")
     group = [Completion("2 + 3 = 5.\nAnswer: 5", (1, 2, 0), True),
              Completion("The sum is 5.\nAnswer: 5", (1, 2), False),  # verified, but cut at the limit
              Completion("Answer: 6", (1, 0), True)]
-    verifier = Verifier("dapo")
+    verifier = Scorer(settings("dapo"))
     rows, stats = shard_rows([ex], [group], verifier, BuildPoolConfig(min_correct=1))
     assert rows[0]["reward_model"]["candidates"] == ["2 + 3 = 5.\nAnswer: 5"]
     assert stats == {"samples": 3, "correct": 2, "unfinished_dropped": 1}

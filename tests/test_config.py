@@ -10,6 +10,7 @@ from speed import scaled
 from megatron_rlep.config import CONF_DIR, ConfigError, check_overrides, compose
 
 GROUPS = ["model", "data", "algorithm", "rollout", "parallel", "logging", "verifier"]
+NEEDS = {"verifier=custom": ["verifier.function=megatron_rlep.tasks.logic:compute_score"]}
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -17,7 +18,7 @@ def test_every_group_option_composes(group):
     options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
     assert options
     for option in options:
-        compose([f"{group}={option}"])
+        compose([f"{group}={option}", *NEEDS.get(f"{group}={option}", [])])
 
 
 def test_every_experiment_preset_composes():
@@ -47,6 +48,9 @@ def test_algorithm_groups_differ_as_documented():
     ("parallel.share_prompts=true parallel.pack_sequences=true", "two ways to pack a micro-batch"),
     ("algorithm.kl_coef=0.001", "config key algorithm.kl_coef=0.001 asks for a KL term against a "
                                 "reference policy, which this trainer does not build"),
+    ("verifier=custom", "config key verifier.function names the reward function of "
+                        "verifier.mode=custom and only of it"),
+    ("verifier.function=r.py:f", "give verifier=custom verifier.function=FILE.py:NAME together"),
 ])
 def test_bad_keys_and_values_are_one_sentence(override, message):
     with pytest.raises(ConfigError) as info:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megatron_rlep import arithmetic
+from megatron_rlep.tasks import arithmetic
 from megatron_rlep.data import (DAPO_TEMPLATE, EVAL_DIR, DataError, clean_answer, dapo_prompt,
                                 load_examples, load_hub, load_jsonl, load_parquet, problem_of)
 

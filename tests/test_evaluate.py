@@ -35,7 +35,7 @@ def read(path: Path) -> list[dict]:
 
 @pytest.mark.e2e
 def test_every_shipped_eval_set_evaluates_by_name(tmp_path):
-    from megatron_rlep.verifier import Verifier
+    from megatron_rlep.reward.math_rule import MathRule
 
     names = sorted(p.stem for p in EVAL_DATA.iterdir() if p.suffix in (".jsonl", ".parquet"))
     assert names == ["aime24", "aime25", "amc23", "math500"]
@@ -48,7 +48,7 @@ def test_every_shipped_eval_set_evaluates_by_name(tmp_path):
     assert len(samples) == len(names) * 2 * 2
     assert {"data_source", "id", "sample_index", "response", "pred", "correct",
             "length"} <= set(samples[0])
-    verifier = Verifier("dapo")
+    verifier = MathRule("dapo")
     for r in samples:
         assert r["correct"] == verifier.verdict(r["response"], r["ground_truth"])[0]
         assert 1 <= r["length"] <= 6

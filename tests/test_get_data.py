@@ -23,7 +23,7 @@ def get_data(out, *args):
 
 
 def test_assets_resolve_to_a_commit_are_checked_linked_and_recorded(tmp_path):
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
     from megatron_rlep.data import load_parquet
 
     model = tiny.make_model(tmp_path / "model")

@@ -16,7 +16,7 @@ import tiny  # noqa: E402
 
 from megatron_rlep.data import DataError  # noqa: E402
 from megatron_rlep.pool import ExperiencePool, read_rows  # noqa: E402
-from megatron_rlep.verifier import Verifier  # noqa: E402
+from megatron_rlep.reward.scorer import Scorer, settings  # noqa: E402
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "pool.py"
 DAPO = Path(__file__).resolve().parents[2] / "shared" / "data" / "dapo" / "aime-2024.parquet"
@@ -156,7 +156,7 @@ def test_rejected_candidates_are_counted_and_optionally_dropped(tmp_path, releas
     for r in rows[:2]:
         r["reward_model"]["candidates"].append("Answer: 12345")
     dirty = write_rows(tmp_path / "dirty.parquet", rows)
-    verifier = Verifier("dapo")
+    verifier = Scorer(settings("dapo"))
     kept = ExperiencePool.load(dirty, verifier)
     assert kept.rejected == 2 and sum(len(v) for v in kept.candidates.values()) == 21 + 2
     dropped = ExperiencePool.load(dirty, verifier, drop_rejected=True)
@@ -178,7 +178,7 @@ def test_an_unfinished_pool_is_refused_unless_asked_for(tmp_path, release):
 
 
 def test_the_trainer_says_the_pools_coverage_and_stops_below_the_minimum(tmp_path, release, capsys):
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
     from megatron_rlep.config import RunError, compose
     from megatron_rlep.train import Trainer
 
@@ -186,7 +186,7 @@ def test_the_trainer_says_the_pools_coverage_and_stops_below_the_minimum(tmp_pat
         trainer = Trainer.__new__(Trainer)  # the pool check alone: no actor, no engine
         trainer.cfg = compose([f"algorithm.pool={release}", *extra])
         trainer.train_set = arithmetic.examples("train", train_levels, 12, 3)
-        trainer.verifier = Verifier("dapo")
+        trainer.scorer = Scorer(settings("dapo"))
         return trainer._load_pool()
 
     assert len(load([1, 2])) == 9  # the release was built from these 12 questions

@@ -94,7 +94,7 @@ def cluster(tmp_path_factory):
 # all) inside pytest's limit, all three scaled by the machine's speed (tests/helpers/speed.py)
 @pytest.mark.timeout(2100)
 def test_the_readme_walk_runs_on_one_cpu_node(cluster, tmp_path):
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
     from megatron_rlep.config import compose
 
     overrides = yaml.safe_load((REPO / "conf" / "rehearsal.yaml").read_text())

@@ -441,3 +441,51 @@ def test_vllm_for_training_a_moe_model_on_a_cpu_stops_in_one_sentence(family_mod
                                        r"mixture-of-experts model's weights inexactly"):
         training_engine("vllm", str(family_models["qwen3_moe"]))
     assert training_engine("transformers", str(family_models["qwen3_moe"])) == "transformers"
+
+
+RANDOM_REWARD = '''import random
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return random.choice([1.0, -1.0])  # each worker process seeds itself: ranks would differ
+'''
+
+
+def random_task(tmp_path: Path) -> tuple[Path, Path]:
+    """(a verl parquet of built-in questions under a data source no rule claims, a reward
+    file whose every answer's reward is a coin flip)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rlep.tasks import arithmetic
+
+    rows = [{"data_source": "coin_flips", "prompt": list(ex.prompt),
+             "reward_model": {"style": "rule", "ground_truth": ex.ground_truth},
+             "extra_info": {"index": i}}
+            for i, ex in enumerate(arithmetic.examples("train", [1, 2], 8, 1))]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "coins.parquet")
+    (tmp_path / "coin.py").write_text(RANDOM_REWARD)
+    return tmp_path / "coins.parquet", tmp_path / "coin.py"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("layout", [["parallel.tensor_parallel=2"], []], ids=["tp2", "dp2"])
+def test_a_random_reward_is_the_same_on_every_rank(assets, tmp_path, layout):
+    """Rewards are scored once and gathered (reward/scorer.py): with a reward that flips a coin
+    in each worker, both ranks still hold the same rewards, advantages and, under dynamic
+    sampling, the same groups (before, each rank scored for itself: different advantages for
+    one sequence at TP 2, different groups kept at DP 2, then mismatched collectives)."""
+    data, coin = random_task(tmp_path)
+    train(assets, tmp_path / "run", *layout, f"data.train={data}", f"data.eval=[{data}]",
+          "algorithm.replay_per_prompt=0", "verifier=custom", f"verifier.function={coin}:compute_score",
+          "algorithm.dynamic_sampling=true", "algorithm.max_gen_batches=3",
+          "algorithm.short_batch=train", nproc=2, steps=2)
+    for step in range(2):
+        mine = json.loads((tmp_path / "run" / "batches" / f"step-{step:06d}.json").read_text())
+        other = json.loads((tmp_path / "run" / "batches" / "rank-1" /
+                            f"step-{step:06d}.json").read_text())
+        assert mine == other, f"step {step}: the ranks hold different groups or rewards"
+        rewards = [s["reward"] for g in mine for s in g["samples"]]
+        assert len(set(rewards)) >= 2  # coin flips (the overlong penalty shifts some)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x.get("reward/errors", 0) == 0 for x in lines)

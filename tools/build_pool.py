@@ -32,7 +32,7 @@ from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import file_sha256, write_json_atomic  # noqa: E402
 from megatron_rlep.pool import MANIFEST, SCHEMA_VERSION, pool_row, write_parquet_atomic  # noqa: E402
 from megatron_rlep.rollout import encode_prompt, engine_kind, make_engine  # noqa: E402
-from megatron_rlep.verifier import Verifier  # noqa: E402
+from megatron_rlep.reward.scorer import Item, Scorer  # noqa: E402
 
 
 def select(texts: list[str], lengths: list[int], limit: int | None, rule: str, key: str,
@@ -56,13 +56,17 @@ def select(texts: list[str], lengths: list[int], limit: int | None, rule: str, k
     return sorted(chosen)
 
 
-def shard_rows(examples: list[Example], completions, verifier: Verifier, cfg: BuildPoolConfig):
+def shard_rows(examples: list[Example], completions, scorer: Scorer, cfg: BuildPoolConfig):
     """Rows of the questions that keep at least ``min_correct`` verified answers (distinct ones
     with ``dedupe``; finished ones only with ``finished_only``: a replayed answer cut at the
     length limit would teach the policy to stop mid-sentence, EOS appended)."""
     rows, stats = [], {"samples": 0, "correct": 0, "unfinished_dropped": 0}
+    scores = scorer.score([Item(ex.data_source, c.text, ex.ground_truth, ex.extra_info)
+                           for ex, group in zip(examples, completions) for c in group])
+    scorer.check(scores, f"the shard of {len(examples)} questions")
+    verified = iter([score.correct for score in scores])
     for ex, group in zip(examples, completions):
-        good = [c for c in group if verifier.verdict(c.text, ex.ground_truth)[0]]
+        good = [c for c in group if next(verified)]
         stats["samples"] += len(group)
         stats["correct"] += len(good)
         if cfg.finished_only:
@@ -90,7 +94,7 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
             "sampling": {"samples": cfg.samples, "temperature": cfg.temperature,
                          "top_p": cfg.top_p, "max_tokens": cfg.rollout.max_response_length,
                          "seed": cfg.seed},
-            "verifier": cfg.verifier.mode, "min_correct": cfg.min_correct, "dedupe": cfg.dedupe,
+            "verifier": cfg.verifier.mode, "function": cfg.verifier.function, "min_correct": cfg.min_correct, "dedupe": cfg.dedupe,
             "finished_only": cfg.finished_only,
             "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
 
@@ -104,7 +108,7 @@ def sample(engine, examples: list[Example], k: int, cfg: BuildPoolConfig):
                            max_tokens=cfg.rollout.max_response_length, seed=cfg.seed * 1000003 + k)
 
 
-def build_shard(engine, examples: list[Example], k: int, out: Path, verifier: Verifier,
+def build_shard(engine, examples: list[Example], k: int, out: Path, verifier: Scorer,
                 cfg: BuildPoolConfig, writes: bool = True) -> dict:
     """Sample, verify and write shard k (parquet, then its sidecar); returns its counts. The
     other TP ranks of an engine (``writes`` false) sample with it and write nothing."""
@@ -114,7 +118,7 @@ def build_shard(engine, examples: list[Example], k: int, out: Path, verifier: Ve
     return write_shard(examples, completions, k, out, verifier, cfg)
 
 
-def write_shard(examples: list[Example], completions, k: int, out: Path, verifier: Verifier,
+def write_shard(examples: list[Example], completions, k: int, out: Path, verifier: Scorer,
                 cfg: BuildPoolConfig) -> dict:
     """Verify, select and write shard k from its completions."""
     rows, stats = shard_rows(examples, completions, verifier, cfg)
@@ -142,9 +146,11 @@ def build(cfg: BuildPoolConfig) -> None:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model_path(cfg.model.path)
-    task = {"levels": cfg.data.levels, "n": cfg.data.train_size if cfg.split == "train"
-            else cfg.data.eval_size, "seed": cfg.seed} if cfg.data.train == "arithmetic" else {}
-    examples = load_examples(cfg.data.train, cfg.split, cfg.data.data_dir, **task)
+    from megatron_rlep import tasks
+
+    n = cfg.data.train_size if cfg.split == "train" else cfg.data.eval_size
+    examples = load_examples(cfg.data.train, cfg.split, cfg.data.data_dir,
+                             **tasks.loader_kwargs(cfg.data.train, cfg.data.levels, n, cfg.seed))
     wanted = settings(cfg, model_path, examples)
     jobs.pin_settings(out / "build.json", wanted, rank)
     shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]
@@ -152,7 +158,7 @@ def build(cfg: BuildPoolConfig) -> None:
     share, shares, writes = jobs.engines(rank, world, tp)
     todo = jobs.my_units(len(shards), share, shares, lambda k: shard_done(out, k))
 
-    verifier = Verifier(cfg.verifier.mode)
+    verifier = Scorer(cfg.verifier)
     # built on every rank: a vLLM engine's start-up is collective under torchrun, so a rank
     # without shards to do still takes part
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype), cfg.seed,

@@ -6,7 +6,7 @@
 
 Dataset names resolve to ``<data_dir>/<name>.jsonl`` or ``.parquet`` (``data_dir`` defaults to
 $RLEP_EVAL_DIR), then to the sets shipped in ``data/eval/`` (aime24, aime25, amc23, math500),
-to file paths, to hub ids, or to the built-in ``arithmetic`` test split. Questions are cut into units of ``chunk_size``; unit u is sampled
+to file paths, to hub ids, or to a built-in task's test split (``arithmetic``, ``code``, ``logic``). Questions are cut into units of ``chunk_size``; unit u is sampled
 with seed (seed, u) by rank u mod N, so the samples do not depend on the number of ranks, and
 is written atomically to ``DIR/parts/``; a rerun of the same command after a kill redoes only
 missing units. Rank 0 then writes ``DIR/samples.jsonl`` (one line per sample: data_source, id,
@@ -31,7 +31,8 @@ from megatron_rlep.config import ConfigError, EvaluateConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import write_json_atomic, write_text_atomic  # noqa: E402
 from megatron_rlep.rollout import encode_prompt, engine_kind, make_engine  # noqa: E402
-from megatron_rlep.verifier import Verifier  # noqa: E402
+from megatron_rlep import tasks  # noqa: E402
+from megatron_rlep.reward.scorer import Item, Scorer  # noqa: E402
 
 ARITHMETIC_QUESTIONS = 64  # the built-in task's test questions when no limit is given
 PROMPT_TOKENS = 1024  # prompt room in the engine's context (the trainer's data.max_prompt_length)
@@ -43,8 +44,7 @@ def load_datasets(cfg: EvaluateConfig) -> dict[str, list[tuple[str, Example]]]:
     example's data source (the file's stem; a level of the built-in task)."""
     out, owner = {}, {}
     for name in cfg.datasets:
-        kwargs = {"levels": cfg.levels, "n": cfg.limit or ARITHMETIC_QUESTIONS,
-                  "seed": cfg.seed} if name == "arithmetic" else {}
+        kwargs = tasks.loader_kwargs(name, cfg.levels, cfg.limit or ARITHMETIC_QUESTIONS, cfg.seed)
         examples = load_examples(name, "test", cfg.data_dir, **kwargs)[:cfg.limit]
         for source in {e.data_source for e in examples}:
             if owner.setdefault(source, name) != name:
@@ -67,14 +67,20 @@ def settings(cfg: EvaluateConfig, model_path: str, datasets: dict, max_tokens: i
                                          .encode()).hexdigest() for name, items in datasets.items()}
     return {"model": model_path, "datasets": questions, "samples": cfg.samples,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": max_tokens,
-            "seed": cfg.seed, "verifier": cfg.verifier.mode, "chunk_size": cfg.chunk_size}
+            "seed": cfg.seed, "verifier": cfg.verifier.mode, "function": cfg.verifier.function,
+            "chunk_size": cfg.chunk_size}
 
 
-def sample_rows(items, completions, verifier: Verifier) -> list[dict]:
+def sample_rows(items, completions, scorer: Scorer) -> list[dict]:
+    scored = scorer.score([Item(ex.data_source, c.text, ex.ground_truth, ex.extra_info)
+                           for (_, ex), group in zip(items, completions) for c in group])
+    scorer.check(scored, f"{len(items)} questions")
+    scores = iter(scored)
     rows = []
     for (ident, ex), group in zip(items, completions):
         for index, c in enumerate(group):
-            correct, pred = verifier.verdict(c.text, ex.ground_truth)
+            score = next(scores)
+            correct, pred = score.correct, score.pred
             rows.append({"data_source": ex.data_source, "id": ident, "sample_index": index,
                          "response": c.text, "pred": pred, "correct": bool(correct),
                          "length": len(c.token_ids), "finished": c.finished,
@@ -135,7 +141,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     tp = cfg.rollout.tensor_parallel if engine_kind(cfg.rollout.engine) == "vllm" else 1
     share, shares, writes = jobs.engines(rank, world, tp)
     todo = jobs.my_units(len(units), share, shares, lambda u: part(u).is_file())
-    verifier = Verifier(cfg.verifier.mode)
+    verifier = Scorer(cfg.verifier)
     # built on every rank: a vLLM engine's start-up is collective under torchrun
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
                          cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=tp)

@@ -111,9 +111,9 @@ def cmd_show(args) -> None:
 # ----------------------------------------------------------------------------- reshaping
 
 def verify(rows, mode: str, drop: bool):
-    from megatron_rlep.verifier import Verifier
+    from megatron_rlep.reward.scorer import Scorer, settings
 
-    verifier = Verifier(mode)
+    verifier = Scorer(settings(mode))
     try:
         return verify_rows(rows, verifier, drop)
     finally:

@@ -13,7 +13,7 @@ import torch
 
 
 def main(model: str, questions: int, max_tokens: int) -> None:
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
     from megatron_rlep.builtin_model import resolve_model_path
     from megatron_rlep.rollout import TransformersEngine, encode_prompt
     from megatron_rlep.rollout.vllm_engine import VllmEngine

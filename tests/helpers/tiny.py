@@ -52,7 +52,7 @@ def make_pool(out: str | Path, train_size: int, levels, seed: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
 
     rows = []
     for i, ex in enumerate(arithmetic.examples("train", levels, train_size, seed)):

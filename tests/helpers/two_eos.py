@@ -20,7 +20,7 @@ def main(out: str) -> None:
 
     from tiny import make_model
 
-    from megatron_rlep import arithmetic
+    from megatron_rlep.tasks import arithmetic
     from megatron_rlep.rollout import TransformersEngine, encode_prompt
     from megatron_rlep.rollout.vllm_engine import VllmEngine
 

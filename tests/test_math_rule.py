@@ -1,4 +1,5 @@
-"""The verifier: the DAPO rule's tricky cases, equivalence, near misses, hostile input."""
+"""The math rule (megatron_rlep/reward/math_rule.py): the DAPO rule's tricky cases,
+equivalence, near misses, hostile input, and the shaped reward through the scorer."""
 
 import concurrent.futures
 import importlib.util
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rlep.equivalence import EquivalenceChecker
-from megatron_rlep.verifier import (Verifier, dapo_verdict, normalize_final_answer,
-                                    overlong_penalty)
+from megatron_rlep.reward.equivalence import EquivalenceChecker
+from megatron_rlep.reward.math_rule import (MathRule, dapo_verdict, normalize_final_answer,
+                                            overlong_penalty)
 
 # ------------------------------------------------------------------ the DAPO rule
 
@@ -38,7 +39,7 @@ from megatron_rlep.verifier import (Verifier, dapo_verdict, normalize_final_answ
 ])
 def test_dapo_rule_cases(response, truth, correct, pred):
     assert dapo_verdict(response, truth) == (correct, pred)
-    assert Verifier("dapo").score(response, truth).correct is correct
+    assert MathRule("dapo").verdict(response, truth)[0] is correct
 
 
 def test_normalize_final_answer_steps():
@@ -94,7 +95,7 @@ def test_dapo_rule_matches_reference_on_random_responses():
 
 @pytest.fixture(scope="module")
 def math_verifier():
-    verifier = Verifier("math")
+    verifier = MathRule("math")
     yield verifier
     verifier.close()
 
@@ -106,14 +107,14 @@ def math_verifier():
     ("\\{1,2\\}", "\\{2,1\\}"), ("27.0", "27"),
 ])
 def test_math_mode_accepts_equivalent_forms(math_verifier, answer, truth):
-    assert math_verifier.score(f"Work.\nAnswer: {answer}", truth).correct
-    assert not Verifier("dapo").score(f"Answer: {answer}", truth).correct or \
+    assert math_verifier.verdict(f"Work.\nAnswer: {answer}", truth)[0]
+    assert not MathRule("dapo").verdict(f"Answer: {answer}", truth)[0] or \
         normalize_final_answer(answer) == normalize_final_answer(truth)
 
 
 def test_math_mode_reads_boxed_answers(math_verifier):
-    assert math_verifier.score("so the result is \\boxed{\\frac{1}{2}}.", "0.5").correct
-    assert math_verifier.score("nothing here", "0.5").pred is None
+    assert math_verifier.verdict("so the result is \\boxed{\\frac{1}{2}}.", "0.5")[0]
+    assert math_verifier.verdict("nothing here", "0.5")[1] is None
 
 
 @pytest.mark.parametrize("answer, truth", [
@@ -121,7 +122,7 @@ def test_math_mode_reads_boxed_answers(math_verifier):
     ("100", "1000"), ("-3", "3"), ("1/3", "1/4"), ("\\{1,2\\}", "\\{1,3\\}"), ("12", "21"),
 ])
 def test_math_mode_rejects_near_misses(math_verifier, answer, truth):
-    assert not math_verifier.score(f"Answer: {answer}", truth).correct
+    assert not math_verifier.verdict(f"Answer: {answer}", truth)[0]
 
 
 HOSTILE = [
@@ -134,12 +135,12 @@ HOSTILE = [
 
 @pytest.mark.parametrize("mode", ["dapo", "math"])
 def test_hostile_input_is_wrong_within_a_second(mode, math_verifier):
-    verifier = math_verifier if mode == "math" else Verifier("dapo")
+    verifier = math_verifier if mode == "math" else MathRule("dapo")
     for response in HOSTILE:
         start = time.monotonic()
-        score = verifier.score(response, "7")
+        correct, _ = verifier.verdict(response, "7")
         assert time.monotonic() - start < 1.0, response[:40]
-        assert score.correct is False
+        assert correct is False
 
 
 def test_a_runaway_check_is_killed_and_the_next_one_works():
@@ -155,14 +156,14 @@ def test_math_mode_is_safe_in_threads(math_verifier):
     cases = [("Answer: 1/2", "0.5", True), ("Answer: 0.3", "0.5", False)] * 20 + \
         [(h, "7", False) for h in HOSTILE[:4]]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda c: math_verifier.score(c[0], c[1]).correct, cases))
+        results = list(pool.map(lambda c: math_verifier.verdict(c[0], c[1])[0], cases))
     assert results == [c[2] for c in cases]
 
 
 def _score_in_worker(case):
-    verifier = Verifier("math")
+    verifier = MathRule("math")
     try:
-        return verifier.score(*case).correct
+        return verifier.verdict(*case)[0]
     finally:
         verifier.close()
 
@@ -188,16 +189,22 @@ def test_overlong_penalty_hand_computed():
 
 
 def test_reward_is_plus_minus_one_plus_penalty():
-    verifier = Verifier("dapo", max_length=3072, overlong_buffer=512)
-    assert verifier.score("Answer: 3", "3", length=10).reward == 1.0
-    assert verifier.score("Answer: 3", "3", length=2816).reward == 0.5
-    assert verifier.score("Answer: 4", "3", length=3072).reward == -2.0
-    assert verifier.score("Answer: 4", "3").reward == -1.0  # length unknown: no shaping
+    from megatron_rlep.reward.scorer import Item, Scorer, settings
+
+    scorer = Scorer(settings("dapo"), max_length=3072, overlong_buffer=512)
+    try:
+        rewards = [s.reward for s in scorer.score([
+            Item("math", "Answer: 3", "3", length=10), Item("math", "Answer: 3", "3", length=2816),
+            Item("math", "Answer: 4", "3", length=3072),
+            Item("math", "Answer: 4", "3")])]  # length unknown: no shaping
+    finally:
+        scorer.close()
+    assert rewards == [1.0, 0.5, -2.0, -1.0]
 
 
 def test_unknown_mode_is_one_sentence():
-    with pytest.raises(ValueError, match="verifier mode='exact' is unknown"):
-        Verifier("exact")
+    with pytest.raises(ValueError, match="math rule 'exact' is unknown"):
+        MathRule("exact")
 
 
 # Ground-truth forms found in the evaluation sets, GSM8K and DAPO-Math-17k

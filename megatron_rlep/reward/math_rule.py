@@ -1,4 +1,4 @@
-"""Scoring math answers: the DAPO rule, an equivalence-aware mode, and the shaped reward.
+"""Scoring math answers: the DAPO rule, an equivalence-aware mode, and DAPO's overlong penalty.
 
 ``mode="dapo"`` is the rule the paper trained with (docs/method.md, "The reward"):
 look at the last 300 characters, take the last ``Answer: ...`` line, normalise prediction and
@@ -10,13 +10,13 @@ polynomials) decided by math-verify. math-verify (sympy) can hang or exhaust mem
 input such as ``9^{9^{9}}``, so it runs in a child process (``equivalence.py``) that is killed
 when it passes its deadline; obviously explosive answers are not sent at all.
 
-This module scores text only: it knows nothing about tokenizers, models or training.
+This module scores text only: it knows nothing about tokenizers, models or training; the
+scorer (``scorer.py``) runs it in its worker processes and shapes the reward.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 DAPO_TAIL_CHARS = 300
 MATH_TAIL_CHARS = 1000
@@ -100,38 +100,25 @@ def overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 
     return min(0.0, -(length - (max_length - buffer)) / buffer * factor)
 
 
-@dataclass(frozen=True)
-class Score:
-    correct: bool
-    pred: str | None  # normalised extracted answer; None when the response gives none
-    reward: float
+class MathRule:
+    """A math answer's verdict: ``dapo`` (the paper's rule) or ``math`` (the same, plus
+    equivalent final answers decided by math-verify in a child process within ``timeout_s``,
+    counted from when that child is ready)."""
 
-
-class Verifier:
-    """Scores a response against a ground truth: verdict, prediction and shaped reward.
-
-    Reward is +1 for a correct answer and -1 otherwise, plus ``overlong_penalty`` when
-    ``max_length`` (response tokens) is set and the caller passes the response's length.
-    """
-
-    def __init__(self, mode: str = "dapo", max_length: int | None = None,
-                 overlong_buffer: int = 0, overlong_factor: float = 1.0,
-                 timeout_s: float = 0.9):
+    def __init__(self, mode: str = "dapo", timeout_s: float = 0.9):
         if mode not in ("dapo", "math"):
-            raise ValueError(f"verifier mode={mode!r} is unknown; use 'dapo' or 'math'.")
+            raise ValueError(f"math rule {mode!r} is unknown; use 'dapo' or 'math'.")
         self.mode = mode
-        self.max_length = max_length
-        self.overlong_buffer = overlong_buffer
-        self.overlong_factor = overlong_factor
         self._equivalence = None
         if mode == "math":
-            from megatron_rlep.equivalence import EquivalenceChecker
+            from megatron_rlep.reward.equivalence import EquivalenceChecker
 
             self._equivalence = EquivalenceChecker(timeout_s=timeout_s)
 
     def verdict(self, response: str, ground_truth: str) -> tuple[bool, str | None]:
+        """(correct, the normalised prediction or None when the response gives no answer)."""
         if self.mode == "dapo":
-            return dapo_verdict(response, ground_truth)
+            return dapo_verdict(response, str(ground_truth))
         tail = response[-MATH_TAIL_CHARS:]
         answer = extract_answer_line(tail)
         if answer is None:
@@ -139,17 +126,9 @@ class Verifier:
         if answer is None:
             return False, None
         pred = normalize_final_answer(answer)
-        if pred == normalize_final_answer(ground_truth):
+        if pred == normalize_final_answer(str(ground_truth)):
             return True, pred
-        return self._equivalence.equivalent(answer, ground_truth), pred
-
-    def score(self, response: str, ground_truth: str, length: int | None = None) -> Score:
-        correct, pred = self.verdict(response, str(ground_truth))
-        reward = 1.0 if correct else -1.0
-        if self.max_length is not None and length is not None:
-            reward += overlong_penalty(length, self.max_length, self.overlong_buffer,
-                                       self.overlong_factor)
-        return Score(correct, pred, reward)
+        return self._equivalence.equivalent(answer, str(ground_truth)), pred
 
     def close(self) -> None:
         if self._equivalence is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from megatron_rlep.data import DataError, Example
+from megatron_rlep.example import DataError, Example
 
 TEST_BUCKETS = 8  # one bucket of eight is the test split
 # One worked example before each question shows the 135M model the "Answer:" line format.

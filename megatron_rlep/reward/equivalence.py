@@ -7,7 +7,7 @@ one starts on the next request). Nothing here uses signals, so it is safe in any
 worker processes. Answers that are plainly explosive (huge exponents or factorials, deep
 nesting, long strings) are judged not equivalent without asking.
 
-Run as ``python -m megatron_rlep.equivalence`` it is the child: one JSON request per line in,
+Run as ``python -m megatron_rlep.reward.equivalence`` it is the child: one JSON request per line in,
 one JSON reply per line out.
 """
 
@@ -59,7 +59,7 @@ class EquivalenceChecker:
 
     def _start(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "megatron_rlep.equivalence"],
+            [sys.executable, "-m", "megatron_rlep.reward.equivalence"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
         self._owner = os.getpid()
@@ -83,10 +83,11 @@ class EquivalenceChecker:
     def equivalent(self, answer: str, gold: str) -> bool:
         if not (worth_asking(answer) and worth_asking(gold)):
             return False
-        deadline = time.monotonic() + self.timeout_s
         with self._lock:
             if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
                 self._start()  # first use in a forked child, or after a kill
+            # the deadline counts from a ready worker: a restart (about 0.6 s) is not the answer's
+            deadline = time.monotonic() + self.timeout_s
             self._proc.stdin.write((json.dumps([answer, gold]) + "\n").encode())
             self._proc.stdin.flush()
             reply = self._read_line(deadline - time.monotonic())
