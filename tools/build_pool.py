@@ -64,9 +64,9 @@ def shard_rows(examples: list[Example], completions, scorer: Scorer, cfg: BuildP
     scores = scorer.score([Item(ex.data_source, c.text, ex.ground_truth, ex.extra_info)
                            for ex, group in zip(examples, completions) for c in group])
     scorer.check(scores, f"the shard of {len(examples)} questions")
-    verified = iter([score.correct for score in scores])
+    verdicts = iter([score.correct for score in scores])
     for ex, group in zip(examples, completions):
-        good = [c for c in group if next(verified)]
+        good = [c for c in group if next(verdicts)]
         stats["samples"] += len(group)
         stats["correct"] += len(good)
         if cfg.finished_only:
