@@ -58,3 +58,34 @@ def test_existing_output_survives_a_failed_run(tmp_path):
     bad.write_text("{broken\n")
     assert score(bad, "-o", out).returncode == 2
     assert out.read_text() == "previous results\n"
+
+
+def test_a_code_parquet_is_scored_by_its_tests_in_the_sandbox(tmp_path):
+    """A verl parquet of the built-in code task's problems with a response column: each
+    answer's program runs against its asserts in the sandbox."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rlep.tasks import code
+
+    problems = code.examples("test", levels=[1], n=2, seed=0)
+    rows = []
+    for ex in problems:
+        name = ex.question.split("function ")[1].split("(")[0]
+        k = int(json.loads(ex.ground_truth)["assert_case"][0].split("== ")[1]) - \
+            int(json.loads(ex.ground_truth)["assert_case"][0].split("(")[1].split(")")[0])
+        right = f"```python\ndef {name}(x):\n    return x + {k}\n```"
+        for response in (right, right.replace("x + ", "x - "), "no code at all"):
+            rows.append({"data_source": ex.data_source, "prompt": list(ex.prompt),
+                         "reward_model": {"style": "rule", "ground_truth": ex.ground_truth},
+                         "response": response})
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "answers.parquet")
+    out = tmp_path / "scored.jsonl"
+    done = score(tmp_path / "answers.parquet", "--mode", "code", "-o", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["correct"] for line in lines] == [True, False, False] * 2
+    assert [line["pred"] for line in lines[:2]] == ["4/4", "0/4"]
+    assert {line["status"] for line in lines} == {"ok"}
+    summary = json.loads(done.stderr.strip().splitlines()[-1])
+    assert summary["rows"] == 6 and summary["infra"] == 0

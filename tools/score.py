@@ -43,21 +43,37 @@ def parse_args(argv=None):
 
 
 def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL or parquet file, each with ``response`` and ``ground_truth`` (taken
+    from verl's ``reward_model.ground_truth`` where the row has no ``ground_truth``)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        rows, unit = pq.read_table(path).to_pylist(), "row"
     else:
+        rows, unit = [], "line"
         with open(path, encoding="utf-8") as src:
-            rows = [_parse(line, n, path) for n, line in enumerate(src, 1) if line.strip()]
+            for number, line in enumerate(src, 1):
+                if line.strip():
+                    rows.append(_parse(line, number, path))
     for number, row in enumerate(rows, 1):
         if "ground_truth" not in row and isinstance(row.get("reward_model"), dict):
             row["ground_truth"] = row["reward_model"].get("ground_truth")
         for key in ("response", "ground_truth"):
             if row.get(key) is None:
-                raise ValueError(f"{path}: row {number} has no '{key}'; each row needs "
-                                 "'response' and 'ground_truth' (or reward_model.ground_truth).")
+                raise ValueError(f"{path}: {unit} {number} has no '{key}' field; each {unit} "
+                                 "needs 'response' and 'ground_truth'.")
     return rows
+
+
+def _parse(line: str, number: int, path: Path) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: line {number} is not JSON ({err.msg}); each line must be one "
+                         f"JSON object.") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}: line {number} is not a JSON object; each line must be one.")
+    return row
 
 
 def score_file(args) -> tuple[int, int, float, dict]:
