@@ -152,6 +152,19 @@ def test_a_runaway_check_is_killed_and_the_next_one_works():
     checker.close()
 
 
+def test_the_deadline_counts_from_a_ready_worker_not_from_its_restart():
+    """A check after a kill restarts math-verify's worker (about 0.6 s here); its deadline
+    starts once the worker is ready, so a deadline shorter than the restart still gets the
+    answer (before, the restart used it up and every check after a timeout failed)."""
+    checker = EquivalenceChecker(timeout_s=1e-6)
+    assert checker.equivalent("1/2", "0.5") is False  # killed: the next check restarts it
+    checker.timeout_s = 0.3
+    start = time.monotonic()
+    assert checker.equivalent("2\\sqrt{3}", "\\sqrt{12}") is True
+    assert time.monotonic() - start > 0.3  # the restart took longer than the deadline itself
+    checker.close()
+
+
 def test_math_mode_is_safe_in_threads(math_verifier):
     cases = [("Answer: 1/2", "0.5", True), ("Answer: 0.3", "0.5", False)] * 20 + \
         [(h, "7", False) for h in HOSTILE[:4]]
