@@ -8,9 +8,12 @@ their names (``data.train=code``)."""
 
 from __future__ import annotations
 
+import hashlib
+import random
 from importlib import import_module
 
 BUILTIN = ("arithmetic", "code", "logic")
+TEST_BUCKETS = 8  # one bucket of eight is the test split
 
 
 def module(name: str):
@@ -26,3 +29,38 @@ def loader_kwargs(spec: str, levels, n: int, seed: int) -> dict:
     """What ``load_examples`` passes a built-in task (its levels, size and seed); other
     datasets take none."""
     return {"levels": levels, "n": n, "seed": seed} if spec in BUILTIN else {}
+
+
+def split_of(text: str) -> str:
+    """``test`` for the problem texts whose hash falls in one bucket of eight, else ``train``:
+    disjoint splits by construction, the same for every seed."""
+    bucket = int(hashlib.sha256(text.encode()).hexdigest(), 16) % TEST_BUCKETS
+    return "test" if bucket == 0 else "train"
+
+
+def distinct(task: str, levels_known: dict, split: str, levels, n: int, seed: int, draw) -> list:
+    """``n`` distinct examples of ``split``, levels taken in turn, deterministic from ``seed``:
+    ``draw(level, rng, index)`` makes one (its key text, the example); a key seen before or of
+    the other split is drawn again."""
+    from megatron_rlep.example import DataError
+
+    if split not in ("train", "test"):
+        raise DataError(f"{task} split={split!r} is unknown; use 'train' or 'test'.")
+    levels = [levels] if isinstance(levels, int) else list(levels)
+    unknown = [lv for lv in levels if lv not in levels_known]
+    if unknown or not levels:
+        raise DataError(f"{task} levels={levels} has unknown levels {unknown}; choose from "
+                        f"{sorted(levels_known)}.")
+    rng = random.Random(f"{task}:{seed}")
+    out, seen, attempts = [], set(), 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 1000 * n:
+            raise DataError(f"{task} levels={levels} cannot supply {n} distinct {split} "
+                            "problems; ask for fewer or add levels.")
+        key, example = draw(levels[len(out) % len(levels)], rng, len(out))
+        if key in seen or split_of(key) != split:
+            continue
+        seen.add(key)
+        out.append(example)
+    return out

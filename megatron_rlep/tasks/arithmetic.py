@@ -14,12 +14,8 @@ This module generates examples only; it does not score them (the verifier does).
 
 from __future__ import annotations
 
-import hashlib
-import random
-
-from megatron_rlep.example import DataError, Example
-
-TEST_BUCKETS = 8  # one bucket of eight is the test split
+from megatron_rlep.example import Example
+from megatron_rlep.tasks import distinct
 # One worked example before each question shows the 135M model the "Answer:" line format.
 DEMONSTRATION = (
     {"role": "system", "content": "Solve the problem. Put the final answer on its own line "
@@ -68,34 +64,11 @@ LEVELS = {1: _level_1, 2: _level_2, 3: _level_3, 4: _level_4, 5: _level_5, 6: _l
           7: _level_7}
 
 
-def split_of(expression: str) -> str:
-    bucket = int(hashlib.sha256(expression.encode()).hexdigest(), 16) % TEST_BUCKETS
-    return "test" if bucket == 0 else "train"
-
-
 def examples(split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0) -> list[Example]:
     """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``."""
-    if split not in ("train", "test"):
-        raise DataError(f"arithmetic split={split!r} is unknown; use 'train' or 'test'.")
-    levels = [levels] if isinstance(levels, int) else list(levels)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown or not levels:
-        raise DataError(f"arithmetic levels={levels} has unknown levels {unknown}; choose from "
-                         f"{sorted(LEVELS)}.")
-    rng = random.Random(f"arithmetic:{seed}")
-    out, seen, attempts = [], set(), 0
-    while len(out) < n:
-        attempts += 1
-        if attempts > 1000 * n:
-            raise DataError(f"arithmetic levels={levels} cannot supply {n} distinct {split} "
-                             f"problems; ask for fewer or add levels.")
-        level = levels[len(out) % len(levels)]
+    def draw(level, rng, index):
         expression, answer = LEVELS[level](rng)
-        if expression in seen or split_of(expression) != split:
-            continue
-        seen.add(expression)
-        problem = f"Compute ${expression}$."
-        prompt = DEMONSTRATION + ({"role": "user", "content": problem},)
-        out.append(Example(f"L{level}-{len(out)}", prompt, str(answer),
-                           f"arithmetic-L{level}"))
-    return out
+        prompt = DEMONSTRATION + ({"role": "user", "content": f"Compute ${expression}$."},)
+        return expression, Example(f"L{level}-{index}", prompt, str(answer), f"arithmetic-L{level}")
+
+    return distinct("arithmetic", LEVELS, split, levels, n, seed, draw)

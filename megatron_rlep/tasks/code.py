@@ -14,13 +14,10 @@ This module generates examples only; the code checker scores them.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 
-from megatron_rlep.example import DataError, Example
-
-TEST_BUCKETS = 8
+from megatron_rlep.example import Example
+from megatron_rlep.tasks import distinct
 DEMONSTRATION = (
     {"role": "system", "content": "Write the Python function asked for. Put the code in one "
                                   "```python block."},
@@ -78,37 +75,15 @@ LEVELS = {1: _level_1, 2: _level_2, 3: _level_3, 4: _level_4, 5: _level_5, 6: _l
           7: _level_7}
 
 
-def split_of(text: str) -> str:
-    bucket = int(hashlib.sha256(text.encode()).hexdigest(), 16) % TEST_BUCKETS
-    return "test" if bucket == 0 else "train"
-
-
 def examples(split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0) -> list[Example]:
     """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``;
     a problem is its function (name and task) with its inputs."""
-    if split not in ("train", "test"):
-        raise DataError(f"code split={split!r} is unknown; use 'train' or 'test'.")
-    levels = [levels] if isinstance(levels, int) else list(levels)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown or not levels:
-        raise DataError(f"code levels={levels} has unknown levels {unknown}; choose from "
-                        f"{sorted(LEVELS)}.")
-    rng = random.Random(f"code:{seed}")
-    out, seen, attempts = [], set(), 0
-    while len(out) < n:
-        attempts += 1
-        if attempts > 1000 * n:
-            raise DataError(f"code levels={levels} cannot supply {n} distinct {split} problems; "
-                            "ask for fewer or add levels.")
-        level = levels[len(out) % len(levels)]
+    def draw(level, rng, index):
         name, arg, task, function, inputs = LEVELS[level](rng)
         question = f"Write a Python function {name}({arg}) that {task}."
-        key = question + repr(inputs)
-        if key in seen or split_of(key) != split:
-            continue
-        seen.add(key)
         asserts = [f"assert {name}({value!r}) == {function(value)!r}" for value in inputs]
-        out.append(Example(f"C{level}-{len(out)}",
-                           DEMONSTRATION + ({"role": "user", "content": question},),
-                           json.dumps({"assert_case": asserts}), f"code-L{level}"))
-    return out
+        return question + repr(inputs), Example(
+            f"C{level}-{index}", DEMONSTRATION + ({"role": "user", "content": question},),
+            json.dumps({"assert_case": asserts}), f"code-L{level}")
+
+    return distinct("code", LEVELS, split, levels, n, seed, draw)

@@ -14,13 +14,10 @@ model passes each level.
 
 from __future__ import annotations
 
-import hashlib
-import random
 import re
 
-from megatron_rlep.example import DataError, Example
-
-TEST_BUCKETS = 8
+from megatron_rlep.example import Example
+from megatron_rlep.tasks import distinct
 SYSTEM = {"role": "system", "content": "Answer the question. Put the final answer on its own "
                                       "line after \"Answer:\"."}
 # one worked example per level, of the level's own kind (a 135M model copies the form it sees)
@@ -133,32 +130,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> d
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
 
 
-def split_of(text: str) -> str:
-    bucket = int(hashlib.sha256(text.encode()).hexdigest(), 16) % TEST_BUCKETS
-    return "test" if bucket == 0 else "train"
-
-
 def examples(split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0) -> list[Example]:
     """``n`` distinct puzzles of ``split``, levels taken in turn, deterministic from ``seed``."""
-    if split not in ("train", "test"):
-        raise DataError(f"logic split={split!r} is unknown; use 'train' or 'test'.")
-    levels = [levels] if isinstance(levels, int) else list(levels)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown or not levels:
-        raise DataError(f"logic levels={levels} has unknown levels {unknown}; choose from "
-                        f"{sorted(LEVELS)}.")
-    rng = random.Random(f"logic:{seed}")
-    out, seen, attempts = [], set(), 0
-    while len(out) < n:
-        attempts += 1
-        if attempts > 1000 * n:
-            raise DataError(f"logic levels={levels} cannot supply {n} distinct {split} "
-                            "puzzles; ask for fewer or add levels.")
-        level = levels[len(out) % len(levels)]
+    def draw(level, rng, index):
         question, answer = LEVELS[level](rng)
-        if question in seen or split_of(question) != split:
-            continue
-        seen.add(question)
-        out.append(Example(f"G{level}-{len(out)}", prompt(level, question), answer,
-                           f"logic-L{level}"))
-    return out
+        return question, Example(f"G{level}-{index}", prompt(level, question), answer,
+                                 f"logic-L{level}")
+
+    return distinct("logic", LEVELS, split, levels, n, seed, draw)
