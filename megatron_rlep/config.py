@@ -221,7 +221,7 @@ class VerifierConfig:
     # rest -> function)
     mode: str = "dapo"
     function: Optional[str] = None  # custom: FILE.py:NAME or module:NAME, verl's signature
-    math_rule: str = "dapo"  # code and custom: the rule for math data sources (dapo | math)
+    math_rule: str = "dapo"  # custom: the rule for math data sources (dapo | math)
     workers: int = 1  # scoring processes per rank
     timeout_s: float = 30.0  # an answer's scoring deadline (a code answer: all its tests)
     max_failures: float = 0.1  # a larger share of a step's rewards raising or timing out stops it

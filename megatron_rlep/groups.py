@@ -126,12 +126,14 @@ def score_samples(pairs: list[tuple[Sample, Example]], scorer, collective: bool 
 
 def without_unscored(groups: list[Group]) -> int:
     """Leave out of their groups the answers the sandbox could not run (an infrastructure
-    failure is no signal: neither in a group's statistics nor trained); returns how many."""
+    failure is no signal: neither in a group's statistics nor trained), and a group left with
+    none out of ``groups``; returns how many answers went."""
     dropped = 0
     for group in groups:
         kept = [s for s in group.samples if s.status != "infra"]
         dropped += len(group.samples) - len(kept)
         group.samples = kept
+    groups[:] = [g for g in groups if g.samples]
     return dropped
 
 

@@ -8,8 +8,9 @@ so different advantages, groups kept by dynamic sampling, or collectives). Witho
 ``collective`` (the evaluation and pool tools, whose ranks score their own shares) it scores
 here alone.
 
-Every answer has ``verifier.timeout_s`` from when a ready worker takes it; a worker that passes
-it is killed and replaced. An answer whose scoring raised or timed out scores 0 and is counted
+The DAPO rule, a pure function of the answer's last 300 characters, is scored in this process;
+every other rule in the workers. Every answer there has ``verifier.timeout_s`` from when a ready
+worker takes it; a worker that passes it is killed and replaced. An answer whose scoring raised or timed out scores 0 and is counted
 (``reward/errors``, ``reward/timeouts``); one the sandbox could not run is an infrastructure
 failure (``reward/infra``): no signal, left out of its group. ``check`` stops a run in one
 sentence when more than ``verifier.max_failures`` of a batch failed, naming the rule and the
@@ -29,6 +30,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 
 from megatron_rlep.reward.math_rule import overlong_penalty
+from megatron_rlep.reward.rules import Rules, source_kind
 
 START_TIMEOUT_S = 120.0
 
@@ -102,7 +104,12 @@ class Scorer:
         self._json = json.dumps(self.settings)
         self.max_length, self.buffer, self.factor = max_length, overlong_buffer, overlong_factor
         self.workers: list[_Worker | None] = [None] * max(1, self.settings["workers"])
-        self.workers[0] = _Worker(self._json)
+        # the DAPO rule is a pure function of bounded text: scored here, not through a worker
+        mode = self.settings["mode"]
+        here = mode == "dapo" or mode == "custom" and self.settings["math_rule"] == "dapo"
+        self._here = Rules({**self.settings, "mode": "dapo"}) if here else None
+        if self.settings["mode"] != "dapo":
+            self.workers[0] = _Worker(self._json)  # a reward file that does not load: now
         self.counts: Counter = Counter()  # of the batches since ``take_counts``
         self.first_error = ""
 
@@ -111,7 +118,7 @@ class Scorer:
     def describe(self) -> str:
         """One line: the rule (or the dispatch) and the workers."""
         s = self.settings
-        math = f"the {s['math_rule'] if s['mode'] in ('code', 'custom') else s['mode']} rule"
+        math = f"the {s['math_rule'] if s['mode'] == 'custom' else s['mode']} rule"
         rule = {"dapo": math, "math": math, "code": "the code checker in the sandbox",
                 "custom": f"verifier.function={s['function']} (math sources: {math}; code "
                           "sources: the code checker in the sandbox)"}[s["mode"]]
@@ -161,9 +168,16 @@ class Scorer:
         return Score(bool(result["correct"]), result["pred"], reward)
 
     def _local(self, items: list[Item]) -> list[dict]:
-        """Every item through the worker pool, each within its deadline."""
+        """Every item scored: by the DAPO rule here where that is its rule, else through the
+        worker pool, each within its deadline."""
         results: list[dict | None] = [None] * len(items)
-        todo = list(range(len(items)))[::-1]
+        todo = []
+        for i, item in enumerate(items):
+            if self._here is not None and self._routes_here(item):
+                results[i] = self._here.score(asdict(item))
+            else:
+                todo.append(i)
+        todo.reverse()
         timeout = self.settings["timeout_s"]
         while todo or any(w is not None and w.busy for w in self.workers):
             for n, worker in enumerate(self.workers):
@@ -195,6 +209,10 @@ class Scorer:
                 worker.kill()
                 self.workers[n] = None
         return results
+
+    def _routes_here(self, item: Item) -> bool:
+        mode = self.settings["mode"]
+        return mode == "dapo" or (mode == "custom" and source_kind(item.data_source) == "math")
 
     # ------------------------------------------------------------------ accounting
 
