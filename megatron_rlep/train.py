@@ -81,14 +81,9 @@ class StopRequest:
         self.received = signal.Signals(signum).name
 
     def agreed(self) -> bool:
-        from megatron_rlep import platform
-
         if self.received is None and self.stop_file.exists():
             self.received = f"the stop file {self.stop_file}"
-        flag = torch.tensor([0.0 if self.received is None else 1.0], device=platform.device())
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return _any_rank(self.received is not None)
 
 
 class PromptStream:
@@ -191,16 +186,20 @@ class Trainer:
         for checkpoint in rundir.resume_candidates(self.run_dir):
             problem, checked = actor_checkpoint.damage(checkpoint, self.cfg.resume_verify)
             if problem is None:
+                failed = None
                 try:
                     extra = self.actor.load(checkpoint)
                     if extra.get("live_pool"):  # answers verified when they joined
                         self.pool = ExperiencePool.load_live(checkpoint.parent /
                                                              extra["live_pool"])
-                except Exception:
+                except Exception as err:  # noqa: BLE001 - told from damage below, every rank
+                    failed = err
+                if _any_rank(failed is not None):  # the check is collective: all ranks go in
                     problem = actor_checkpoint.damage(checkpoint, checksums=True)[0] if checked \
                         else None
                     if problem is None:
-                        raise
+                        raise failed or RunError(f"loading {checkpoint} failed on another rank "
+                                                 "(its log has the error)")
             if problem is not None:
                 skipped.append(f"checkpoints/{checkpoint.name}: {problem}")
                 if is_rank0():
@@ -545,14 +544,9 @@ class Trainer:
     def _room_for(self, what: str, need: int) -> None:
         """Stop before a save (``what``: its path under run_dir) the file system has no room
         for (every rank agrees)."""
-        from megatron_rlep import platform
-
         problem = rundir.save_room_problem(self.run_dir, what, need, self.last_saved) \
             if is_rank0() else None
-        flag = torch.tensor([float(problem is not None)], device=platform.device())
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item():
+        if _any_rank(problem is not None):
             raise RunError(problem or f"cannot save {what}: rank 0 found too little "
                            f"room; {rundir.kept_note(self.run_dir, self.last_saved)}")
 
@@ -640,6 +634,16 @@ class Trainer:
         finally:
             monitor.close()
             self.scorer.close()
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (every rank calls it)."""
+    from megatron_rlep import platform
+
+    value = torch.tensor([float(flag)], device=platform.device())
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _memory_metrics() -> dict:
