@@ -308,6 +308,7 @@ class Trainer:
             group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
                                     logprobs=c.logprobs) for c in fresh]
         self._score([(s, g.example) for g in groups for s in g.samples], f"step {step}")
+        self.unscored += without_unscored(groups)  # not in the pass rates either
         for group in groups:
             self.pass_rates.add(question_key(group.example), [s.correct for s in group.samples])
             if a.replay.strategy == "rescue":
