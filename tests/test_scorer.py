@@ -109,6 +109,20 @@ def test_a_reward_that_does_not_load_is_one_sentence(plugin, function, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_reward_that_prints_cannot_garble_the_replies(tmp_path):
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text("import os, sys\n"
+                     "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                     "    print('a print')\n"
+                     "    os.write(1, b'a raw write to fd 1\\n')\n"
+                     "    sys.__stdout__.write('to sys.__stdout__\\n')\n"
+                     "    sys.__stdout__.flush()\n"
+                     "    return 1.0\n")
+    scores = scored(Scorer(settings("custom", function=f"{noisy}:compute_score")),
+                    [Item("t", "a", "b")] * 3)
+    assert [(s.reward, s.status) for s in scores] == [(1.0, "ok")] * 3
+
+
 def test_the_built_in_logic_task_scores_through_the_plugin_path():
     from megatron_rlep.tasks import logic
 

@@ -14,8 +14,11 @@ import sys
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
-    out = sys.stdout
-    sys.stdout = sys.stderr  # a reward function's prints must not reach the reply channel
+    # the replies get stdout's pipe to themselves; anything else written to stdout, by Python or
+    # by C code, goes to stderr
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
         from megatron_rlep.reward.rules import Rules
 
