@@ -15,7 +15,8 @@ either worker takes are short ones and both finish at about the same time."""
 import speed
 
 FIRST = ("test_rehearsal.py", "test_demo.py", "test_train.py", "test_slurm.py",
-         "test_build_pool.py", "test_actor.py", "test_evaluate.py")
+         "test_build_pool.py", "test_actor.py", "test_evaluate.py", "test_storage.py",
+         "test_own_task.py")
 
 
 def pytest_configure(config):
