@@ -85,3 +85,22 @@ def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp_and_optimizer
     # saved before any applied update: no optimizer state, so any layout and optimizer
     assert resume_problem({**saved, "optimizer_state": False}, {"world": 1, "tp": 1, "pp": 1},
                           False) is None
+
+
+def test_room_for_the_run_and_for_each_save_is_said_with_the_numbers(tmp_path):
+    plan = {"checkpoint": 10**18, "best": 0, "hf": 0, "saves": 3, "held": 3, "run": 3 * 10**18}
+    problem = rundir.room_problem(tmp_path / "run", plan, 0)
+    assert problem.startswith(f"{tmp_path}/run has ") and "free but the run's checkpoints need " \
+        "2.6e+09 GiB more" not in problem and "3 of " in problem and \
+        problem.endswith("free space there, or give a run_dir on a file system with room")
+    assert rundir.room_problem(tmp_path / "run", {**plan, "checkpoint": 1, "run": 3}, 0) is None
+    # before a save: the directory, its free space, what the save needs, and what is kept
+    save = rundir.save_room_problem(tmp_path, "checkpoints/step-000004", 10**18, "step-000003")
+    assert save.startswith(f"cannot save checkpoints/step-000004: {tmp_path} has ")
+    assert save.endswith("the last intact checkpoint, checkpoints/step-000003, is still there: "
+                         "free space (or lower logging.keep_checkpoints) and the same command "
+                         "resumes from it")
+    assert rundir.save_room_problem(tmp_path, "checkpoints/step-000004", 1, None) is None
+    first = rundir.save_room_problem(tmp_path, "checkpoints/step-000001", 10**18, None)
+    assert first.endswith("the run has no checkpoint yet; free space (or lower "
+                          "logging.keep_checkpoints) and start it again")
