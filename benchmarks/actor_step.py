@@ -14,6 +14,9 @@ Megatron-Core step on the batch against the same batch with N-token prompts (the
 unchanged): what a shorter prompt saves per update. With ``--share-prompts G`` the batch is
 groups of G sequences repeating one prompt (GRPO's groups), and it times the Megatron-Core step
 with ``parallel.share_prompts`` (each prompt computed once per micro-batch row) against without.
+With ``--fused-adam`` it times the Megatron-Core step with torch's fused CPU Adam kernel
+(platform.fused_cpu_adam) against torch's default CPU Adam, and reports the largest difference of
+the weights the two give from the same start.
 """
 
 from __future__ import annotations
@@ -62,6 +65,32 @@ def plain_step(model, optimizer, batch, algorithm):
     return float(entropy.mean())
 
 
+def adam_difference(actor, batch) -> float:
+    """The largest weight difference after one step with the fused and one with the default
+    Adam, both from the same weights and optimizer state."""
+    import copy
+
+    params = list(actor.model.parameters())
+    inner = [part.optimizer for part in getattr(actor.optimizer, "chained_optimizers",
+                                                [actor.optimizer])]
+    start = [p.detach().clone() for p in params]
+    states = [copy.deepcopy(o.state_dict()) for o in inner]
+    after = {}
+    for fused in (True, False):
+        for p, s in zip(params, start):
+            p.data.copy_(s)
+        for o, state in zip(inner, states):
+            o.load_state_dict(copy.deepcopy(state))
+        adam(actor, batch, fused)
+        after[fused] = [p.detach().clone() for p in params]
+    return max(float((a - b).abs().max()) for a, b in zip(after[True], after[False]))
+
+
+def adam(actor, batch, fused: bool):
+    actor.fused_adam = fused
+    return actor.train_step(batch)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequences", type=int, default=8)
@@ -73,6 +102,8 @@ def main():
                         help="Megatron-Core step with torch.compile on against off")
     parser.add_argument("--short-prompt", type=int, default=None,
                         help="Megatron-Core step with --prompt tokens against this many")
+    parser.add_argument("--fused-adam", action="store_true",
+                        help="Megatron-Core step with torch's fused CPU Adam against its default")
     parser.add_argument("--share-prompts", type=int, default=None, metavar="G",
                         help="groups of G sequences share a prompt: the step with "
                              "parallel.share_prompts against without")
@@ -104,7 +135,10 @@ def main():
         actor.share_prompts = on
         return actor.train_step(batch)
 
-    if args.share_prompts:
+    if args.fused_adam:
+        steps = (("fused_adam", lambda: adam(actor, batch, True)),
+                 ("default_adam", lambda: adam(actor, batch, False)))
+    elif args.share_prompts:
         steps = (("shared", lambda: shared(True)), ("plain", lambda: shared(False)))
     elif args.compile:
         steps = (("compiled", lambda: with_dynamo(False)), ("eager", lambda: with_dynamo(True)))
@@ -133,6 +167,8 @@ def main():
     (a, _), (b, _) = steps
     result[f"ratio_{a}_over_{b}"] = result[a]["tokens_per_s"] / result[b]["tokens_per_s"]
     result[f"seconds_{a}_over_{b}"] = result[a]["median_s"] / result[b]["median_s"]
+    if args.fused_adam:
+        result["weights_max_difference"] = adam_difference(actor, batch)
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
                        "response": args.response, "micro_batch_size": args.micro_batch_size,
                        "threads": torch.get_num_threads(), "repeats": args.repeats,

@@ -156,6 +156,7 @@ class Actor:
         weakref.finalize(self, _break_cycles, self.model, config)
         self.step = 0
         self.fused_old_logp = None  # train_step's own old log-probs, when it took them
+        self.fused_adam = True  # CPU: torch's fused Adam kernel (platform.fused_cpu_adam)
         self.offloaded = False
 
     # ------------------------------------------------------------------ schedule
@@ -423,7 +424,8 @@ class Actor:
         if batch.old_logp is None:
             merged = self._gather_rows(outputs)
             self.fused_old_logp = [merged[i][0] for i in range(len(batch))]
-        grad_norm, lr, applied = optim.step(self.optimizer, self.algorithm.grad_clip)
+        grad_norm, lr, applied = optim.step(self.optimizer, self.algorithm.grad_clip,
+                                            self.fused_adam)
         self.step += 1
         s = dict(zip(_STATS, stats.tolist()))
         tokens = max(s["tokens"], 1.0)

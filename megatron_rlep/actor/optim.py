@@ -70,9 +70,10 @@ def set_position(scheduler, at: int) -> None:
     scheduler.step(increment=0)
 
 
-def step(optimizer, grad_clip: float) -> tuple[float, float, bool]:
+def step(optimizer, grad_clip: float, fused: bool = True) -> tuple[float, float, bool]:
     """One optimiser step; returns (gradient norm before clipping, learning rate, applied).
-    A non-finite norm (or a loss scaler's inf) skips it: nothing is applied."""
+    A non-finite norm (or a loss scaler's inf) skips it: nothing is applied. On the CPU torch's
+    Adam runs fused unless ``fused`` is false (platform.fused_cpu_adam)."""
     lr = optimizer.param_groups[0]["lr"]
     if optimizer.prepare_grads():  # a loss scaler's inf check (fp16 only)
         return math.inf, lr, False
@@ -96,5 +97,6 @@ def step(optimizer, grad_clip: float) -> tuple[float, float, bool]:
                                        grad_clip, sharded)
         if not math.isfinite(norm):
             return norm, lr, False
+        platform.fused_cpu_adam(optimizer, fused)
     optimizer.step_with_ready_grads()
     return norm, lr, True
