@@ -334,3 +334,51 @@ def test_a_deleted_actor_frees_its_parameters_at_once(tmp_path):
     lines = [line for line in result.stdout.splitlines() if line.startswith("ALIVE")]
     assert lines == ["ALIVE False [False, False, False, False]",
                      "ALIVE True [False, False, False, False]"], result.stdout
+
+
+FUSED = """
+import sys
+sys.path.insert(0, "tests/helpers")
+import torch
+from megatron.core import parallel_state
+from tiny import make_model
+from megatron_rlep.actor.actor import Actor
+from megatron_rlep.actor.batch import SequenceBatch
+from megatron_rlep.config import AlgorithmConfig
+
+model = make_model(sys.argv[1], "qwen2")  # biases and norms: both of Megatron's decay groups
+weights = {}
+for fused in (True, False):
+    actor = Actor(str(model), AlgorithmConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1))
+    actor.fused_adam = fused
+    start = [p.detach().clone() for p in actor.module.parameters()]
+    for step in range(3):
+        actor.train_step(SequenceBatch([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7, 8]], [3, 3],
+                                       advantages=torch.tensor([1.0, -1.0])))
+        if step == 0:
+            weights[fused, "first"] = [p.detach().clone() for p in actor.module.parameters()]
+    inner = [part.optimizer for part in getattr(actor.optimizer, "chained_optimizers",
+                                                [actor.optimizer])]
+    print("FUSED", fused, sorted({g["fused"] for o in inner for g in o.param_groups}, key=str))
+    weights[fused] = [p.detach().clone() for p in actor.module.parameters()]
+    moved = max(float((a - b).abs().max()) for a, b in zip(weights[fused], start))
+    del actor
+    parallel_state.destroy_model_parallel()
+first = max(float((a - b).abs().max()) for a, b in zip(weights[True, "first"], weights[False, "first"]))
+third = max(float((a - b).abs().max()) for a, b in zip(weights[True], weights[False]))
+print("DIFFERENCE", first, third, moved)
+"""
+
+
+def test_the_cpu_adam_runs_fused_and_updates_as_the_default_one(tmp_path):
+    """platform.fused_cpu_adam: torch's fused CPU Adam kernel inside Megatron-Core's optimizer
+    gives the default Adam's weights (lr 1e-2, weight decay 0.1): after one step to fp32
+    rounding; after three, within 0.5% of how far the weights moved (Adam divides the tiny
+    model's near-zero gradients by their own size, so rounding in one step's gradients grows)."""
+    result = subprocess.run([sys.executable, "-c", FUSED, str(tmp_path / "m")], capture_output=True,
+                            text=True, timeout=scaled(600), env=env(), cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("FUSED", "DIFF"))]
+    assert lines[:2] == ["FUSED True [True]", "FUSED False [None]"], result.stdout
+    first, third, moved = map(float, lines[2].split()[1:])
+    assert first < 1e-7 and third < 5e-3 * moved, lines
