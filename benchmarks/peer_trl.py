@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -350,8 +351,9 @@ def main(argv=None) -> int:
                                     "--out", str(args.out), "--run", mode], log)
         timing = args.out / mode / "timing.json"
         if code or not timing.is_file():
-            tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-            result["runs"][mode] = {"error": tail[-1] if tail else f"exit status {code}",
+            lines = log.read_text(errors="replace").splitlines()
+            errors = [ln.strip() for ln in lines if re.search(r"\w+(Error|Exception)\b:", ln)]
+            result["runs"][mode] = {"error": errors[-1] if errors else f"exit status {code}",
                                     "log": str(log)}
             print(f"[peer] {mode} failed: {result['runs'][mode]['error']}", flush=True)
             continue
