@@ -14,6 +14,11 @@ Megatron-Core step on the batch against the same batch with N-token prompts (the
 unchanged): what a shorter prompt saves per update. With ``--share-prompts G`` the batch is
 groups of G sequences repeating one prompt (GRPO's groups), and it times the Megatron-Core step
 with ``parallel.share_prompts`` (each prompt computed once per micro-batch row) against without.
+Every run also counts the Megatron-Core step's floating-point work (``step_flops``: what it
+computes, so a shared prompt counts once per micro-batch row) and divides its rate by this
+CPU's measured peak (``peak_flops``: the best of five 4096 x 4096 fp32 matrix products on the
+same threads).
+
 With ``--fused-adam`` it times the Megatron-Core step with torch's fused CPU Adam kernel
 (platform.fused_cpu_adam) against torch's default CPU Adam, and reports the largest difference of
 the weights the two give from the same start.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 
@@ -63,6 +69,43 @@ def plain_step(model, optimizer, batch, algorithm):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(entropy.mean())
+
+
+def step_flops(config, sequences: int, prompt: int, response: int, micro_batch_size: int,
+               group: int) -> float:
+    """FLOPs of one training step (forward and backward: 3x the forward's) of ``sequences``
+    sequences in groups of ``group`` sharing a prompt (1: none shared), dealt to micro-batches
+    in order. Matrix products: 2 FLOPs per parameter per token through the decoder, and through
+    the output layer for response tokens only (the actor's log-probs); attention: 2 L^2 x
+    hidden a layer for a causal row of L tokens. A row is a prompt and the responses of its
+    group in that micro-batch."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * h // config.num_attention_heads
+    inter = config.intermediate_size
+    body = layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
+    out = config.vocab_size * h
+    forward = 0.0
+    for start in range(0, sequences, micro_batch_size):
+        members = range(start, min(start + micro_batch_size, sequences))
+        for prompt_of in sorted({i // group for i in members}):
+            answers = sum(1 for i in members if i // group == prompt_of)
+            rows = [prompt + answers * response] if group > 1 else [prompt + response] * answers
+            for length in rows:
+                forward += 2 * body * length + 2 * layers * length * length * h
+            forward += 2 * out * answers * response
+    return 3 * forward
+
+
+def peak_flops(repeats: int = 5) -> float:
+    """The best fp32 matrix-product rate of this CPU on torch's threads (FLOP/s)."""
+    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 4096**3 / best
 
 
 def adam_difference(actor, batch) -> float:
@@ -167,6 +210,14 @@ def main():
     (a, _), (b, _) = steps
     result[f"ratio_{a}_over_{b}"] = result[a]["tokens_per_s"] / result[b]["tokens_per_s"]
     result[f"seconds_{a}_over_{b}"] = result[a]["median_s"] / result[b]["median_s"]
+    flops = step_flops(actor.hf_config, args.sequences, args.prompt, args.response,
+                       args.micro_batch_size, args.share_prompts or 1)
+    peak = peak_flops()
+    first_megatron = steps[0][0]
+    result["flops"] = {"step_gflop": flops / 1e9, "of_step": first_megatron,
+                       "gflop_per_s": flops / result[first_megatron]["median_s"] / 1e9,
+                       "peak_gflop_per_s": peak / 1e9,
+                       "share_of_peak": flops / result[first_megatron]["median_s"] / peak}
     if args.fused_adam:
         result["weights_max_difference"] = adam_difference(actor, batch)
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,

@@ -75,6 +75,18 @@ def flip_a_byte(path: Path) -> None:
     path.write_bytes(data)
 
 
+def test_the_verify_tool_names_the_training_step_not_the_update_count(saved, tmp_path):
+    """A step checkpoint's manifest counts optimizer updates in its own ``step`` (two a step
+    with two mini-batches); the tool's line names the training step, ``extra.step``."""
+    run = copy_of(saved, tmp_path)
+    manifest = run / "checkpoints" / "step-000003" / "actor_checkpoint.json"
+    meta = json.loads(manifest.read_text())
+    assert meta["extra"]["step"] == 3
+    manifest.write_text(json.dumps(dict(meta, step=6)))
+    line = next(x for x in verify(run).stdout.splitlines() if x.startswith("  checkpoints/step-000003"))
+    assert "intact" in line and "step 3," in line and "step 6" not in line, line
+
+
 DAMAGE = {  # name: (what is done to step 3, what the one line says of it)
     "truncated": (lambda d: os.truncate(d / "__0_0.distcp", 1000),
                   "__0_0.distcp is 1,000 bytes, its manifest says "),

@@ -34,7 +34,9 @@ def state(directory: Path) -> tuple[str, str]:
         return "unchecked", "written before checkpoints carried a manifest"
     meta = json.loads((directory / CHECKPOINT_MANIFEST).read_text())
     size = sum(entry["size"] for entry in meta["files"].values())
-    step = f"step {meta['step']}, " if "step" in meta else ""
+    # the training step (a step checkpoint's own "step" counts optimizer updates)
+    step = meta.get("extra", {}).get("step", meta.get("step"))
+    step = f"step {step}, " if step is not None else ""
     return "intact", f"{step}{len(meta['files'])} files, {size / 2**20:,.1f} MiB, checksums match"
 
 

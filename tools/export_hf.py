@@ -119,7 +119,8 @@ def main(argv=None) -> int:
     if not dist.is_initialized() or dist.get_rank() == 0:
         score = f", val/acc {meta['extra']['val/acc']:.4f}" if "val/acc" in meta.get("extra", {}) \
             else ""
-        print(f"exported step {meta['step']} of {args.run_dir} ({source.name}{score}) to {out}")
+        step = meta.get("extra", {}).get("step", meta["step"])  # meta's own: updates applied
+        print(f"exported step {step} of {args.run_dir} ({source.name}{score}) to {out}")
     return 0
 
 
