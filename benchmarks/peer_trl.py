@@ -2,13 +2,14 @@
 
     pip install -e ".[bench]"     # TRL, pinned; never one of the trainer's own dependencies
     python benchmarks/peer_trl.py [--steps 8] [--eval-at 4 8] \
-        [--modes ours trl ours-transformers trl-vllm] [--out runs/peer-trl] [--seed 1]
+        [--modes ours trl ours-transformers trl-vllm] [--out runs/peer-trl] [--seed 1] \
+        [--model smollm2-135m]
 
-The job (``experiment=cpu_demo`` without replay): the built-in model, arithmetic levels 3, 4, 6,
-G = 6 answers to each of 4 prompts a step in 2 updates of 2 prompts, answers up to 32 tokens,
-lr 1e-5 after a 2-step linear warm-up, AdamW (0.9, 0.999, 1e-8, weight decay 0.1 off norms),
-gradient clipping 1.0, clip 0.2/0.28 with a dual clip at 10, token-level loss, group-normalised
-advantages, no KL, the DAPO rule with the overlong penalty (8-token buffer), fp32, temperature 1.
+The job (``experiment=cpu_demo`` without replay): the built-in model (``--model``), arithmetic
+levels 3, 4, 6, G = 6 answers to each of 4 prompts a step in 2 updates of 2 prompts, answers up
+to 32 tokens, lr 1e-5 after a 2-step linear warm-up, AdamW (0.9, 0.999, 1e-8, weight decay
+0.1 off norms), gradient clipping 1.0, clip 0.2/0.28 with a dual clip at 10, token-level loss,
+group-normalised advantages, no KL, the DAPO rule with the overlong penalty (8-token buffer), fp32, temperature 1.
 Both trainers see the same prompts in the same order (the trainer's seeded order, given to TRL
 unshuffled), and TRL gets this project's reward function and learning-rate schedule, so the
 jobs differ only where the docstring's DIFFERENCES say.
@@ -70,8 +71,8 @@ def job(args) -> dict:
 
 def ours_overrides(args, out: Path, engine: str) -> list[str]:
     j = job(args)
-    return ["experiment=cpu_demo", f"seed={args.seed}", f"run_dir={out}",
-            f"rollout.engine={engine}", f"algorithm.total_steps={args.steps}",
+    return ["experiment=cpu_demo", f"model.path={args.model}", f"seed={args.seed}",
+            f"run_dir={out}", f"rollout.engine={engine}", f"algorithm.total_steps={args.steps}",
             f"algorithm.rollouts_per_prompt={j['group']}", f"algorithm.prompts_per_rollout={j['prompts']}",
             f"algorithm.prompts_per_update={j['per_update']}",
             f"rollout.max_response_length={j['max_tokens']}",
@@ -125,7 +126,7 @@ def run_trl(args, out: Path, use_vllm: bool) -> dict:
     if use_vllm:  # the colocated mode wants a (one-process) torch.distributed world
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
-    path = resolve_model_path("smollm2-135m")
+    path = resolve_model_path(args.model)
     examples = trl_prompts(args)
     data = Dataset.from_list([{"prompt": list(e.prompt), "ground_truth": e.ground_truth,
                                "data_source": e.data_source} for e in examples])
@@ -321,6 +322,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-samples", type=int, default=4)
     p.add_argument("--eval-engine", default="auto")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--model", default="smollm2-135m",
+                   help="the built-in model (default) or a Hugging Face model directory")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "peer-trl")
     p.add_argument("--run", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
     args = p.parse_args(argv)
@@ -365,7 +368,7 @@ def main(argv=None) -> int:
     from megatron_rlep import paired
     from megatron_rlep.builtin_model import resolve_model_path
 
-    base = evaluate(args, resolve_model_path("smollm2-135m"), args.out / "eval" / "base")
+    base = evaluate(args, resolve_model_path(args.model), args.out / "eval" / "base")
     result["curve_steps"] = [0, *args.eval_at]
     records = {}
     for mode in args.modes:

@@ -1,6 +1,7 @@
 """benchmarks/peer_trl.py at a tiny size, so it cannot silently rot: this trainer (transformers
-engine) and TRL's GRPOTrainer each train one step of the same tiny job in their own process,
-their policies are evaluated by tools/evaluate.py, and the table, JSON and picture are written."""
+engine) and TRL's GRPOTrainer each train one step of the same tiny job on a tiny random model
+(SmolLM2's tokenizer and chat template) in their own process, their policies are evaluated by
+tools/evaluate.py, and the table, JSON and picture are written."""
 
 import json
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from speed import scaled
+from tiny import make_model
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks" / "peer_trl.py"
@@ -29,7 +31,8 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
         [sys.executable, str(BENCH), "--modes", "ours-transformers", "trl", "--steps", "1",
          "--eval-at", "1", "--group", "2", "--prompts", "2", "--per-update", "1",
          "--max-tokens", "8", "--eval-questions", "6", "--eval-samples", "1",
-         "--eval-engine", "transformers", "--out", str(out)],
+         "--eval-engine", "transformers", "--model", str(make_model(tmp_path / "model")),
+         "--out", str(out)],
         capture_output=True, text=True, timeout=scaled(900))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "peer_trl.json").read_text())
@@ -41,7 +44,7 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
         # one step: 2 prompts x 2 answers of at most 8 tokens, generated and trained
         step = run["steps"][0]
         assert 4 <= step["generated_tokens"] == step["trained_tokens"] <= 32, (mode, step)
-        assert 0.2 < run["peak_gib"] < 20, (mode, run["peak_gib"])
+        assert 0.1 < run["peak_gib"] < 20, (mode, run["peak_gib"])
         policy = Path(run["policies"]["1"])
         assert (policy / "config.json").is_file() and (policy / "tokenizer_config.json").is_file()
         samples = (out / "eval" / f"{mode}-1" / "samples.jsonl").read_text().splitlines()
