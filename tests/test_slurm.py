@@ -203,7 +203,8 @@ def test_a_stopped_cluster_leaves_no_job_process_behind(tmp_path):
     os.chmod(tmp_path, 0o700)
     own = slurm_cluster.Cluster(tmp_path, cpus=1).start()
     try:
-        job = own.run("sbatch", "--parsable", "--wrap", "srun bash -c 'trap \"\" TERM; sleep 600'")
+        job = own.run("sbatch", "--parsable", f"--output={tmp_path / 'job.out'}", "--wrap",
+                      "srun bash -c 'trap \"\" TERM; sleep 600'")
         deadline = time.time() + scaled(60)
         while len(own.leftovers()) < 5 and time.time() < deadline:  # script, srun, steps, sleep
             time.sleep(0.5)

@@ -74,6 +74,8 @@ class Cluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         # cred_expire (s) is also how long a requeued job waits before it may start again
+        # MinJobAge: finished jobs stay queryable for a day (the rehearsal asks for its first
+        # job's state after its last ends, 15 minutes later on a loaded machine)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20
         self.conf.write_text(f"""\
 ClusterName=rlep-test
@@ -102,7 +104,7 @@ MpiDefault=none
 SchedulerType=sched/builtin
 KillWait=60
 InactiveLimit=0
-MinJobAge=600
+MinJobAge=86400
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName={self.host} CPUs={self.cpus} RealMemory={memory} State=UNKNOWN
@@ -202,12 +204,20 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
         return result.stdout.strip()
 
     def job_state(self, job: str) -> str:
-        out = self.run("scontrol", "show", "job", job, "-o")
-        return next(f.split("=", 1)[1] for f in out.split() if f.startswith("JobState="))
+        return self.job_field(job, "JobState")
 
     def job_field(self, job: str, name: str) -> str:
-        out = self.run("scontrol", "show", "job", job, "-o")
-        return next(f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}="))
+        """One field of ``scontrol show job``; asked up to three times, since a slurmctld
+        busy on a loaded machine may answer a query with an error and no words."""
+        for attempt in range(3):
+            result = subprocess.run(["scontrol", "show", "job", job, "-o"], env=self.env(),
+                                    capture_output=True, text=True, timeout=scaled(60))
+            if result.returncode == 0:
+                return next(f.split("=", 1)[1] for f in result.stdout.split()
+                            if f.startswith(f"{name}="))
+            time.sleep(2)
+        raise RuntimeError(f"scontrol show job {job} -o failed three times: "
+                           f"{(result.stderr + result.stdout).strip() or 'no message'}")
 
     def wait(self, job: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                      "OUT_OF_MEMORY", "PREEMPTED"), timeout: float = 900) -> str:
