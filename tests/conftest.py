@@ -12,6 +12,7 @@ paper's walk and the two-phase demo's test (together about half the suite's proc
 at once, one on each worker, then the other files of several minutes, so that the last files
 either worker takes are short ones and both finish at about the same time."""
 
+import launch
 import speed
 
 FIRST = ("test_rehearsal.py", "test_demo.py", "test_train.py", "test_slurm.py",
@@ -21,6 +22,8 @@ FIRST = ("test_rehearsal.py", "test_demo.py", "test_train.py", "test_slurm.py",
 
 def pytest_configure(config):
     speed.factor()  # measured in the controller; workers and subprocesses inherit it
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        launch.share_cores()  # in each worker (not the controller, whose setting they inherit)
 
 
 def pytest_report_header(config):

@@ -74,6 +74,7 @@ class Cluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         # cred_expire (s) is also how long a requeued job waits before it may start again
+        # and then for the scheduler's next pass: every sched_interval s (60 by default).
         # MinJobAge: finished jobs stay queryable for a day (the rehearsal asks for its first
         # job's state after its last ends, 15 minutes later on a loaded machine)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20
@@ -102,6 +103,7 @@ SelectTypeParameters=CR_CPU
 ReturnToService=2
 MpiDefault=none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 KillWait=60
 InactiveLimit=0
 MinJobAge=86400
