@@ -23,7 +23,7 @@ FIRST = ("test_rehearsal.py", "test_demo.py", "test_train.py", "test_slurm.py",
 def pytest_configure(config):
     speed.factor()  # measured in the controller; workers and subprocesses inherit it
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
-        launch.wait_passively()  # in each worker (not the controller, whose setting they inherit)
+        launch.share_cores()  # in each worker (not the controller, whose setting they inherit)
 
 
 def pytest_report_header(config):

@@ -1,8 +1,8 @@
 """How the tests start the project's commands: one process, or torchrun with N of them.
 
-Each process gets an equal share of the machine's cores as torch threads, so a one-process
-run uses the whole machine and two ranks do not oversubscribe it; the two pytest workers' processes
-share the cores with passive OpenMP waits (``wait_passively``).
+Each pytest worker has an equal share of the machine's cores (``share_cores``), and each
+process it starts an equal share of those as torch threads, so two workers, or two ranks, do not
+oversubscribe the machine.
 """
 
 import os
@@ -17,17 +17,28 @@ def launcher(nproc: int = 1) -> list[str]:
             str(nproc)]
 
 
-def wait_passively() -> None:
-    """Run in each worker before the tests: OpenMP threads of whatever its tests start sleep while
-    they wait (an explicit OMP_WAIT_POLICY wins). Spinning threads of two workers' processes on
-    the same two cores made small torch steps wait on each other sevenfold (a 6-token generation
-    on the built-in model: 12 s, against 1.8 s with passive waits and 1.7 s with one thread)."""
+def worker_cores() -> int:
+    """This pytest worker's share of the machine's cores: all of them in one process, half each
+    for two xdist workers."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def share_cores() -> None:
+    """Run in each worker before the tests: whatever its tests start inherits the worker's share
+    as OpenMP threads (an explicit OMP_NUM_THREADS wins), and OpenMP threads that sleep while
+    they wait. Two workers with two spinning threads each on two cores made small torch steps
+    wait on each other sevenfold (a 6-token generation on the built-in model: 12 s, against
+    1.7 s with one thread each and 1.8 s with passive waits)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(worker_cores()))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "torch" in sys.modules:  # the tests' own steps in this process
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def env(argv: list[str] | None = None, **extra: str) -> dict:
     """The environment for ``argv``: torch threads per process from its rank count."""
     argv = list(map(str, argv or []))
     nproc = int(argv[argv.index("--nproc_per_node") + 1]) if "--nproc_per_node" in argv else 1
-    threads = max(1, (os.cpu_count() or 1) // nproc)
+    threads = max(1, worker_cores() // nproc)
     return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore", **extra)
