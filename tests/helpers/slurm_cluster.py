@@ -211,15 +211,14 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
     def job_field(self, job: str, name: str) -> str:
         """One field of ``scontrol show job``; asked up to three times, since a slurmctld
         busy on a loaded machine may answer a query with an error and no words."""
-        for attempt in range(3):
-            result = subprocess.run(["scontrol", "show", "job", job, "-o"], env=self.env(),
-                                    capture_output=True, text=True, timeout=scaled(60))
-            if result.returncode == 0:
-                return next(f.split("=", 1)[1] for f in result.stdout.split()
-                            if f.startswith(f"{name}="))
-            time.sleep(2)
-        raise RuntimeError(f"scontrol show job {job} -o failed three times: "
-                           f"{(result.stderr + result.stdout).strip() or 'no message'}")
+        for _ in range(3):
+            try:
+                out = self.run("scontrol", "show", "job", job, "-o")
+                return next(f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}="))
+            except RuntimeError as err:
+                error = err
+                time.sleep(2)
+        raise error
 
     def wait(self, job: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                      "OUT_OF_MEMORY", "PREEMPTED"), timeout: float = 900) -> str:
