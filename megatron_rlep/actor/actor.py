@@ -78,7 +78,10 @@ def build_module(hf_config, tensor_parallel: int, pipeline_parallel: int, dtype:
                                **bridge.spec_options(hf_config))
     if not transformer_engine:
         spec = attention.with_sdpa(spec)
-    return config, bridge.gpt_model(hf_config, config, spec).to(platform.device())
+    model = bridge.gpt_model(hf_config, config, spec).to(platform.device())
+    for param in model.parameters():  # the local specs' torch norms are made in fp32 whatever
+        param.data = param.data.to(dtype)  # params_dtype says; one dtype is what Megatron's
+    return config, model  # mixed-precision optimizer can checkpoint (and what TE's norms use)
 
 
 _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")
@@ -349,7 +352,7 @@ class Actor:
         def collect(mb, hidden):
             logits = self._row_logits(self._rows(hidden, mb))
             full = gather_from_tensor_model_parallel_region(logits).float().cpu()
-            return torch.zeros(()), torch.tensor(0, dtype=torch.int), \
+            return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), \
                 {"rows": dict(zip(mb.index, full.reshape(len(mb.index), -1, full.shape[-1])))}
 
         micros = [collate(batch, list(range(len(batch))), self.device, self._pad_multiple)]
