@@ -18,8 +18,9 @@
    sequences and rollout.check_sync=true: after each weight sync the engine's log-probs of a
    fixed sequence must match the actor's (0.1 nats in bf16, 1e-3 in fp32).
 3. Tokens/s of rollout and update, sync time and peak memory, from the run's metrics; the peak
-   next to tools/memory_plan.py's prediction for the same shape and settings (their ratio is
-   what a lent GPU measures of the planner), and the update's MFU on a known GPU.
+   next to tools/memory_plan.py's prediction for the same shape and settings (two ratios: its
+   tensors against torch's allocated peak, the whole plan with the CUDA context, NCCL and
+   fragmentation against the device memory in use), and the update's MFU on a known GPU.
 4. At a realistic shape (``--scale``: Qwen2.5-1.5B's configuration on a GPU, seeded random
    weights, the smoke model's tokenizer): the distributed optimizer takes an update, saves, and
    a fresh actor that loads the checkpoint takes the next update as the run that went on (its
@@ -27,7 +28,9 @@
    bytes against the planner's (actor/checkpoint.py disk_plan) and its write speed; then two RL
    steps at that shape (distributed optimizer, selective recompute, chunked log-probs, packed
    sequences, 512 response tokens on a GPU) with the planner's ratio, tokens/s and MFU.
-Prints a summary and writes OUT/smoke.json; exit status 1 when a check fails. --allow-cpu runs
+Prints each part's result and seconds as it ends and rewrites OUT/smoke.json after each (a
+run stopped at a time limit keeps the parts it finished; each RL run's log is OUT/<run>.log as
+it goes); exit status 1 when a check fails. --allow-cpu runs
 the same in fp32 without CUDA (what the test suite does with a tiny model; ``--scale`` then
 names a config.json to take, or none).
 
@@ -45,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -219,11 +223,12 @@ def two_steps(model: str, dtype: str, run_dir: Path, entropy_coef: float,
                  *extra, f"run_dir={run_dir}"]
     rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     env = {k: v for k, v in os.environ.items() if k not in rendezvous}  # the actor's above
-    done = subprocess.run([sys.executable, "-m", "megatron_rlep.train", *overrides],
-                          cwd=REPO, text=True, capture_output=True, env=env)
-    (run_dir.parent / "train.log").write_text(done.stdout + done.stderr)
+    log = run_dir.parent / f"{run_dir.name}.log"  # written as it runs: a killed smoke keeps it
+    with open(log, "w") as out:
+        done = subprocess.run([sys.executable, "-m", "megatron_rlep.train", *overrides],
+                              cwd=REPO, text=True, stdout=out, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
-        return {"ok": False, "error": (done.stdout + done.stderr)[-3000:]}
+        return {"ok": False, "error": log.read_text()[-3000:]}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r.get("step", 0) > 0]
     limit = 0.1 if dtype == "bfloat16" else 1e-3
@@ -268,8 +273,6 @@ def scaled_model(config: dict, tokenizer_dir: str, out: Path, dtype: str) -> str
 
 def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     """The distributed optimizer's update, save and resume (see the module docstring)."""
-    import time
-
     import torch
     from transformers import AutoTokenizer
 
@@ -341,8 +344,11 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 def planner_against_measured(model: str, overrides: list[str], result: dict) -> dict:
     """tools/memory_plan.py's update peak for this run's shape and settings (one GPU; with the
-    transformers engine its bf16 model copy added, which the planner leaves to vLLM), the peak
-    the run measured, their ratio, and the update's MFU (6 x parameters x tokens/s)."""
+    transformers engine its bf16 model copy added, which the planner leaves to vLLM) against
+    what the run measured, twice: its tensors (the plan less the CUDA context, NCCL and
+    fragmentation) against torch's allocated peak (``ratio``), and the whole plan against the
+    device memory in use after a step (``device_ratio``); and the update's MFU
+    (6 x parameters x tokens/s)."""
     import torch
 
     sys.path.insert(0, str(REPO / "tools"))
@@ -361,13 +367,16 @@ def planner_against_measured(model: str, overrides: list[str], result: dict) -> 
                             p.micro_batch_size * cfg.rollout.max_response_length, p.recompute,
                             False, False, p.bf16_grads, p.logprob_chunk_tokens, vllm, gpu)
     predicted = plan["update_peak"] + (0.0 if vllm else 2 * arch.params())
-    measured = [m for m in result["perf/peak_memory_gib"] if m is not None]
+    tensors = predicted - plan["cuda_context"] - plan["nccl"] - plan["fragmentation"]
+    measured = max((m for m in result["perf/peak_memory_gib"] if m is not None), default=None)
+    used = max((m for m in result["perf/device_memory_used_gib"] if m is not None), default=None)
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     peak = next((f for k, f in PEAK_FLOPS.items() if k in name), None)
     speed = [t for t in result["perf/update_tokens_per_s"] if t]
     return {"predicted_update_peak_gib": predicted / 2**30,
-            "measured_peak_gib": max(measured) if measured else None,
-            "ratio": max(measured) * 2**30 / predicted if measured else None,
+            "predicted_tensors_gib": tensors / 2**30, "measured_peak_gib": measured,
+            "ratio": measured * 2**30 / tensors if measured else None,
+            "device_used_gib": used, "device_ratio": used * 2**30 / predicted if used else None,
             "parameters": arch.params(),
             "mfu": 6 * arch.params() * max(speed) / peak if peak and speed else None}
 
@@ -398,21 +407,27 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "model": args.model, "engine": engine_kind("auto"),
               "transformer_engine": platform.transformer_engine_unavailable() or "used",
-              "parity": logprob_parity(args.model, dtype)}
-    print(f"log-prob parity ({dtype}): {json.dumps(report['parity'])}", flush=True)
-    report["moe_parity"] = logprob_parity(moe_model(args.model, args.out / "moe"), dtype)
-    print(f"Qwen3-MoE log-prob parity ({dtype}): {json.dumps(report['moe_parity'])}", flush=True)
-    report["steps"] = two_steps(args.model, dtype, args.out / "run", entropy_coef)
-    print(f"two RL steps: {json.dumps(report['steps'])}", flush=True)
+              "seconds": {}}
     scale = args.scale if args.scale != "auto" else \
         "qwen2.5-1.5b" if torch.cuda.is_available() else "none"
-    report["ok"] = report["parity"]["ok"] and report["moe_parity"]["ok"] and report["steps"]["ok"]
-    if scale != "none":
-        config = QWEN25_1_5B if scale == "qwen2.5-1.5b" else json.loads(Path(scale).read_text())
-        report["scale"] = at_scale(config, args.model, dtype, args.out)
-        print(f"at scale ({scale}): {json.dumps(report['scale']['steps'])}", flush=True)
-        report["ok"] = report["ok"] and report["scale"]["ok"]
-    (args.out / "smoke.json").write_text(json.dumps(report, indent=1))
+    config = None if scale == "none" else QWEN25_1_5B if scale == "qwen2.5-1.5b" else \
+        json.loads(Path(scale).read_text())
+    parts = [("parity", "log-prob parity", lambda: logprob_parity(args.model, dtype)),
+             ("moe_parity", "Qwen3-MoE log-prob parity",
+              lambda: logprob_parity(moe_model(args.model, args.out / "moe"), dtype)),
+             ("steps", "two RL steps",
+              lambda: two_steps(args.model, dtype, args.out / "run", entropy_coef))]
+    if config is not None:
+        parts.append(("scale", f"at scale ({scale})",
+                      lambda: at_scale(config, args.model, dtype, args.out)))
+    for key, title, part in parts:  # smoke.json after each part: a killed run keeps what ran
+        start = time.perf_counter()
+        report[key] = part()
+        report["seconds"][key] = round(time.perf_counter() - start, 1)
+        shown = report[key]["steps"] if key == "scale" else report[key]
+        print(f"{title} ({dtype}, {report['seconds'][key]} s): {json.dumps(shown)}", flush=True)
+        report["ok"] = all(report[k]["ok"] for k, _, _ in parts if k in report)
+        (args.out / "smoke.json").write_text(json.dumps(report, indent=1))
     print("SMOKE OK" if report["ok"] else "SMOKE FAILED", flush=True)
     return 0 if report["ok"] else 1
 

@@ -45,7 +45,10 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     assert all(t > 0 for t in steps["perf/update_tokens_per_s"])
     planner = steps["planner"]  # the planner's prediction; nothing to measure it against here
     assert planner["predicted_update_peak_gib"] > 0 and planner["parameters"] > 3e6
+    assert 0 < planner["predicted_tensors_gib"] < planner["predicted_update_peak_gib"]
     assert planner["measured_peak_gib"] is None and planner["ratio"] is None and planner["mfu"] is None
+    assert planner["device_used_gib"] is None and planner["device_ratio"] is None
+    assert set(report["seconds"]) == {"parity", "moe_parity", "steps", "scale"}
     # the "realistic shape" part, at the tiny model's shape: the distributed optimizer resumes
     # exactly, its checkpoint is the size actor/checkpoint.py disk_plan says, two RL steps run
     resume, at_scale = report["scale"]["resume"], report["scale"]["steps"]
