@@ -65,14 +65,25 @@ def test_a_damaged_checkpoint_never_costs_an_intact_one_its_place(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["step-000010", "step-000020", "step-000030"]
 
 
-def test_distributed_optimizer_state_resumes_only_on_its_tp_and_pp_and_optimizer():
-    from megatron_rlep.actor.checkpoint import resume_problem
+def test_distributed_optimizer_state_resumes_only_on_its_tp_pp_ep_and_optimizer():
+    from megatron_rlep.actor.checkpoint import resume_problem, same_layout
 
-    saved = {"layout": {"world": 64, "tp": 2, "pp": 1}, "distributed_optimizer": True}
-    assert resume_problem(saved, {"world": 32, "tp": 2, "pp": 1}, True) is None  # DP may change
-    problem = resume_problem(saved, {"world": 64, "tp": 4, "pp": 1}, True)
-    assert problem.startswith("the checkpoint was saved at tp=2 pp=1 and its distributed "
-                              "optimizer state loads only there, not at tp=4 pp=1")
+    # the RNG states load on the same layout; a checkpoint from before EP was recorded has EP 1
+    now = {"world": 2, "tp": 2, "pp": 1, "ep": 1}
+    assert same_layout({"world": 2, "tp": 2, "pp": 1}, now) and same_layout(dict(now), now)
+    assert not same_layout({"world": 2, "tp": 1, "pp": 1, "ep": 2}, {**now, "tp": 1})
+
+    saved = {"layout": {"world": 64, "tp": 2, "pp": 1}, "distributed_optimizer": True}  # no ep: 1
+    assert resume_problem(saved, {"world": 32, "tp": 2, "pp": 1, "ep": 1}, True) is None  # DP may change
+    problem = resume_problem(saved, {"world": 64, "tp": 4, "pp": 1, "ep": 1}, True)
+    assert problem.startswith("the checkpoint was saved at tp=2 pp=1 ep=1 and its distributed "
+                              "optimizer state loads only there, not at tp=4 pp=1 ep=1")
+    # a MoE's expert optimizer holds this rank's experts: EP 2 -> 1 failed deep in Megatron-Core
+    # ("Global shape mismatch ... chained_1.optimizer ..."); EP 2 at another DP resumes
+    moe = {"layout": {"world": 2, "tp": 1, "pp": 1, "ep": 2}, "distributed_optimizer": True}
+    assert resume_problem(moe, {"world": 4, "tp": 1, "pp": 1, "ep": 2}, True) is None
+    assert "resume with parallel.tensor_parallel=1 parallel.pipeline_parallel=1 " \
+        "parallel.expert_parallel=2" in resume_problem(moe, {"world": 1, "tp": 1, "pp": 1, "ep": 1}, True)
     # the plain optimizer (the CPU, or one data-parallel rank) reshards on any layout
     plain = {"layout": {"world": 2, "tp": 2, "pp": 1}, "distributed_optimizer": False}
     assert resume_problem(plain, {"world": 1, "tp": 1, "pp": 1}, False) is None

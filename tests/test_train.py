@@ -216,6 +216,11 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     assert 2 <= stopped < 40 and "stopping on SIGTERM" in out
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{stopped:06d}"
     assert not (run_dir / "hf").exists()  # not finished
+    # as a version before the layout named EP wrote it (test_rundir.py: its RNG states load)
+    meta_file = run_dir / "checkpoints" / f"step-{stopped:06d}" / "actor_checkpoint.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["layout"].pop("ep") == 1
+    meta_file.write_text(json.dumps(meta))
     result = subprocess.run(cmd(stopped + 2), capture_output=True, text=True, env=env(), timeout=scaled(300))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert f"at step {stopped}" in result.stdout

@@ -68,7 +68,8 @@ def _layout() -> dict:
 
     return {"world": dist.get_world_size() if dist.is_initialized() else 1,
             "tp": ps.get_tensor_model_parallel_world_size(),
-            "pp": ps.get_pipeline_model_parallel_world_size()}
+            "pp": ps.get_pipeline_model_parallel_world_size(),
+            "ep": ps.get_expert_model_parallel_world_size()}
 
 
 def _model_info(model, transformer_engine: bool) -> dict:
@@ -138,10 +139,17 @@ def _sharded(model, optimizer, scheduler, loading: bool, fmt: str = OPTIMIZER_FO
     return state
 
 
+def same_layout(saved: dict, now: dict) -> bool:
+    """Whether a checkpoint's layout is this run's (its RNG states then load): one saved before
+    layouts named EP has EP 1."""
+    return {"ep": 1, **saved} == now
+
+
 def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str | None:
     """Why a full checkpoint cannot resume on ``layout``, or None: the distributed optimizer's
-    state (dp_reshardable) loads only on the TP x PP it was saved on, and only into the
-    distributed optimizer (the plain one's only into the plain one); the weights load anywhere."""
+    state (dp_reshardable) loads only on the TP x PP x EP it was saved on (checkpoints before EP
+    was recorded: EP 1), and only into the distributed optimizer (the plain one's only into the
+    plain one); the weights load anywhere."""
     saved, sharded = meta.get("layout", {}), bool(meta.get("distributed_optimizer"))
     if not meta.get("optimizer_state", True):  # saved before any update: weights only
         return None
@@ -150,13 +158,15 @@ def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str
                 f"optimizer, which this run {'does not use' if sharded else 'uses'}: resume with "
                 f"parallel.distributed_optimizer={str(sharded).lower()}, or start from its weights "
                 "(tools/export_hf.py, then model.path=) with a fresh optimizer")
-    if not sharded or (saved.get("tp"), saved.get("pp")) == (layout["tp"], layout["pp"]):
+    then = {"tp": saved.get("tp"), "pp": saved.get("pp"), "ep": saved.get("ep", 1)}
+    if not sharded or all(then[k] == layout.get(k, 1) for k in then):
         return None
-    return (f"the checkpoint was saved at tp={saved.get('tp')} pp={saved.get('pp')} and its "
+    return (f"the checkpoint was saved at tp={then['tp']} pp={then['pp']} ep={then['ep']} and its "
             f"distributed optimizer state loads only there, not at tp={layout['tp']} "
-            f"pp={layout['pp']}: resume with parallel.tensor_parallel={saved.get('tp')} "
-            f"parallel.pipeline_parallel={saved.get('pp')}, or start the new layout from its "
-            "weights (tools/export_hf.py, then model.path=) with a fresh optimizer")
+            f"pp={layout['pp']} ep={layout.get('ep', 1)}: resume with "
+            f"parallel.tensor_parallel={then['tp']} parallel.pipeline_parallel={then['pp']} "
+            f"parallel.expert_parallel={then['ep']}, or start the new layout from its weights "
+            "(tools/export_hf.py, then model.path=) with a fresh optimizer")
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -377,7 +387,7 @@ def load(path: str | Path, model, optimizer, scheduler,
     scheduler.load_state_dict(state["scheduler"])
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = path / "rng" / f"rank-{rank}.pt"
-    if meta["layout"] == _layout() and rng.is_file():
+    if same_layout(meta["layout"], _layout()) and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
     return int(meta["step"]), meta["extra"]
 
