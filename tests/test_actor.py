@@ -385,6 +385,7 @@ def test_the_cpu_adam_runs_fused_and_updates_as_the_default_one(tmp_path):
 
 
 BF16 = """
+import json
 import sys
 sys.path.insert(0, "tests/helpers")
 import torch
@@ -417,6 +418,9 @@ for distributed in (False, True):
     resumed.train_step(batch)
     same = all(torch.equal(v, went_on[k]) for k, v in weights(resumed).items())
     print("RESUMED", distributed, same)
+    if distributed:  # its export says bf16 (the tiny source's config says float32)
+        resumed.save_hf(f"{out}/hf")
+        print("EXPORT", json.load(open(f"{out}/hf/config.json"))["dtype"])
     del resumed
     parallel_state.destroy_model_parallel()
 """
@@ -427,12 +431,14 @@ def test_a_bf16_actor_is_all_bf16_and_saves_and_resumes_with_either_optimizer(tm
     whatever params_dtype says): with one fp32 norm Megatron-Core's mixed-precision optimizer
     could not save (its checkpoint maps only 16-bit parameters: 'Param id ... does not match any
     model sharded param') and the distributed optimizer's bucket layout failed an assertion on
-    Qwen2's biases beside the fp32 norms. Both optimizers save, and a resumed actor's next update
-    equals the one of the actor that went on."""
+    Qwen2's biases beside the fp32 norms. Both optimizers save, a resumed actor's next update
+    equals the one of the actor that went on, and its Hugging Face export's config says bf16."""
     result = subprocess.run([sys.executable, "-c", BF16, str(tmp_path / "m"), str(tmp_path / "c")],
                             capture_output=True, text=True, timeout=scaled(600), env=env(),
                             cwd=Path(__file__).parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("DTYPES", "RESUMED"))]
+    lines = [line for line in result.stdout.splitlines()
+             if line.startswith(("DTYPES", "RESUMED", "EXPORT"))]
     assert lines == ["DTYPES False ['torch.bfloat16']", "RESUMED False True",
-                     "DTYPES True ['torch.bfloat16']", "RESUMED True True"], result.stdout
+                     "DTYPES True ['torch.bfloat16']", "RESUMED True True", "EXPORT bfloat16"], \
+        result.stdout

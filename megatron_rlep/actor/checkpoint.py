@@ -431,7 +431,8 @@ def human(size: float) -> str:
 
 def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:
     """Write the exported ``buckets`` as a Hugging Face checkpoint (safetensors shards plus the
-    source's config, tokenizer and chat template); every rank iterates, rank 0 writes."""
+    source's config, tokenizer and chat template; the config's dtype is the weights', so a bf16
+    run from an fp32 checkpoint loads as bf16); every rank iterates, rank 0 writes."""
     from safetensors.torch import save_file
 
     final = Path(path)
@@ -439,8 +440,9 @@ def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:
     writer = not dist.is_initialized() or dist.get_rank() == 0
 
     def write():  # every rank iterates (the export is collective), rank 0 writes
-        weight_map, error = {}, None
+        weight_map, error, dtype = {}, None, None
         for n, bucket in enumerate(buckets):
+            dtype = dtype or next((str(v.dtype).removeprefix("torch.") for _, v in bucket), None)
             if writer and error is None:
                 name = f"model-{n + 1:05d}.safetensors"
                 try:
@@ -458,6 +460,12 @@ def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:
                 if item.is_file() and not item.name.endswith(".safetensors") \
                         and not item.name.endswith(".safetensors.index.json"):
                     shutil.copy2(item, partial / item.name)
+            config = partial / "config.json"
+            if dtype and config.is_file():
+                settings = json.loads(config.read_text())
+                for key in [k for k in ("dtype", "torch_dtype") if k in settings] or ["torch_dtype"]:
+                    settings[key] = dtype
+                config.write_text(json.dumps(settings, indent=2) + "\n")
 
     _write_or_clean(partial, final, write)
     _publish(partial, final, {"exported_from": str(hf_path)})
