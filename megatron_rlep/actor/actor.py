@@ -79,9 +79,11 @@ def build_module(hf_config, tensor_parallel: int, pipeline_parallel: int, dtype:
     if not transformer_engine:
         spec = attention.with_sdpa(spec)
     model = bridge.gpt_model(hf_config, config, spec).to(platform.device())
-    for param in model.parameters():  # the local specs' torch norms are made in fp32 whatever
-        param.data = param.data.to(dtype)  # params_dtype says; one dtype is what Megatron's
-    return config, model  # mixed-precision optimizer can checkpoint (and what TE's norms use)
+    # one dtype throughout, as TE's layers make it: the local specs' torch norms ignore
+    # params_dtype, and Megatron-Core's optimizers cannot checkpoint fp32 ones beside bf16
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    return config, model
 
 
 _STATS = ("loss", "pg_loss", "clipped", "dual_clipped", "entropy", "kl", "tokens", "sequences")

@@ -150,7 +150,8 @@ def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str
     state (dp_reshardable) loads only on the TP x PP x EP it was saved on (checkpoints before EP
     was recorded: EP 1), and only into the distributed optimizer (the plain one's only into the
     plain one); the weights load anywhere."""
-    saved, sharded = meta.get("layout", {}), bool(meta.get("distributed_optimizer"))
+    saved, sharded = {"ep": 1, **meta.get("layout", {})}, bool(meta.get("distributed_optimizer"))
+    layout = {"ep": 1, **layout}
     if not meta.get("optimizer_state", True):  # saved before any update: weights only
         return None
     if sharded != distributed_optimizer:
@@ -158,15 +159,14 @@ def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str
                 f"optimizer, which this run {'does not use' if sharded else 'uses'}: resume with "
                 f"parallel.distributed_optimizer={str(sharded).lower()}, or start from its weights "
                 "(tools/export_hf.py, then model.path=) with a fresh optimizer")
-    then = {"tp": saved.get("tp"), "pp": saved.get("pp"), "ep": saved.get("ep", 1)}
-    if not sharded or all(then[k] == layout.get(k, 1) for k in then):
+    if not sharded or all(saved.get(k) == layout[k] for k in ("tp", "pp", "ep")):
         return None
-    return (f"the checkpoint was saved at tp={then['tp']} pp={then['pp']} ep={then['ep']} and its "
-            f"distributed optimizer state loads only there, not at tp={layout['tp']} "
-            f"pp={layout['pp']} ep={layout.get('ep', 1)}: resume with "
-            f"parallel.tensor_parallel={then['tp']} parallel.pipeline_parallel={then['pp']} "
-            f"parallel.expert_parallel={then['ep']}, or start the new layout from its weights "
-            "(tools/export_hf.py, then model.path=) with a fresh optimizer")
+    return (f"the checkpoint was saved at tp={saved.get('tp')} pp={saved.get('pp')} "
+            f"ep={saved['ep']} and its distributed optimizer state loads only there, not at "
+            f"tp={layout['tp']} pp={layout['pp']} ep={layout['ep']}: resume with "
+            f"parallel.tensor_parallel={saved.get('tp')} parallel.pipeline_parallel="
+            f"{saved.get('pp')} parallel.expert_parallel={saved['ep']}, or start the new layout "
+            "from its weights (tools/export_hf.py, then model.path=) with a fresh optimizer")
 
 
 def _rank_and_world() -> tuple[int, int]:
