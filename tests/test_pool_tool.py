@@ -114,6 +114,16 @@ def test_filter_by_count_length_and_verifier(tmp_path, release):
               "--verify", "dapo")
     kept = read_rows(tmp_path / "f2")
     assert len(kept) == 6 and all("12345" not in c for r in kept for c in r["reward_model"]["candidates"])
+    # the user's own reward in verl's signature, as everywhere answers are scored
+    (tmp_path / "mine.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(solution_str.strip().endswith(str(ground_truth)))\n")
+    pool_tool("filter", tmp_path / "dirty.parquet", "-o", tmp_path / "f4", "--min-correct", 2,
+              "--verify", "custom", "--function", f"{tmp_path / 'mine.py'}:compute_score")
+    assert read_rows(tmp_path / "f4") == kept
+    refused = pool_tool("filter", tmp_path / "dirty.parquet", "-o", tmp_path / "f5",
+                        "--verify", "custom", expect=2)
+    assert "give --verify custom and --function FILE.py:NAME together" in refused.stderr
     pool_tool("filter", release, "-o", tmp_path / "f3", "--tokenizer", "smollm2-135m",
               "--max-tokens", 30)
     short = read_rows(tmp_path / "f3")

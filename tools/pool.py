@@ -76,7 +76,7 @@ def cmd_stats(args) -> None:
     rows = read_rows(args.pool, args.partial)
     stats = pool_stats(rows)
     if args.verify:
-        stats["rejected_candidates"] = verify(rows, args.verify, drop=False)[1]
+        stats["rejected_candidates"] = verify(rows, args.verify, drop=False, function=args.function)[1]
     if args.plot:
         plot_stats(rows, args.plot, str(args.pool))
     if args.json:
@@ -110,10 +110,10 @@ def cmd_show(args) -> None:
 
 # ----------------------------------------------------------------------------- reshaping
 
-def verify(rows, mode: str, drop: bool):
+def verify(rows, mode: str, drop: bool, function: str | None = None):
     from megatron_rlep.reward.scorer import Scorer, settings
 
-    verifier = Scorer(settings(mode))
+    verifier = Scorer(settings(mode, function=function))
     try:
         return verify_rows(rows, verifier, drop)
     finally:
@@ -201,7 +201,7 @@ def cmd_filter(args) -> None:
         rows = measure(rows, args.tokenizer)
     before = (len(rows), sum(len(candidates(r)) for r in rows))
     if args.verify:
-        rows = verify(rows, args.verify, drop=True)[0]
+        rows = verify(rows, args.verify, drop=True, function=args.function)[0]
     rows = filter_rows(rows, args.min_correct, args.max_tokens, args.pool)
     origin = {"filtered": str(args.pool), "min_correct": args.min_correct,
               "max_tokens": args.max_tokens, "verify": args.verify}
@@ -234,6 +234,9 @@ def cmd_export(args) -> None:
     print(f"{args.output}: {len(rows)} questions in the RLEP release format")
 
 
+VERIFIERS = ["dapo", "math", "code", "custom"]  # as tools/score.py's --mode
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partial", action="store_true",
@@ -243,7 +246,8 @@ def parse_args(argv=None):
     stats.add_argument("pool", type=Path)
     stats.add_argument("--json", action="store_true")
     stats.add_argument("--plot", type=Path, help="PNG with histograms of the pool")
-    stats.add_argument("--verify", choices=["dapo", "math"], help="count rejected candidates")
+    stats.add_argument("--verify", choices=VERIFIERS, help="count rejected candidates")
+    stats.add_argument("--function", help="--verify custom: the reward function, FILE.py:NAME")
     show = sub.add_parser("show", help="one question with its candidates")
     show.add_argument("pool", type=Path)
     show.add_argument("--id", required=True)
@@ -264,9 +268,13 @@ def parse_args(argv=None):
         if name == "filter":
             p.add_argument("--min-correct", type=int, default=1)
             p.add_argument("--max-tokens", type=int, default=None)
-            p.add_argument("--verify", choices=["dapo", "math"],
+            p.add_argument("--verify", choices=VERIFIERS,
                            help="drop candidates this verifier rejects")
-    return parser.parse_args(argv)
+            p.add_argument("--function", help="--verify custom: the reward function, FILE.py:NAME")
+    args = parser.parse_args(argv)
+    if (getattr(args, "verify", None) == "custom") != bool(getattr(args, "function", None)):
+        parser.error("give --verify custom and --function FILE.py:NAME together")
+    return args
 
 
 COMMANDS = {"stats": cmd_stats, "show": cmd_show, "merge": cmd_merge, "filter": cmd_filter,
