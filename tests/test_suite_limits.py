@@ -50,3 +50,39 @@ def test_the_rehearsal_waits_inside_its_own_limit():
 def test_the_factor_is_one_here_or_more_and_measured_once():
     assert speed.factor() >= 1.0
     assert speed.workload_seconds(repeats=1) > 0
+
+
+RETENTION_PROBE = '''
+def test_passes(tmp_path):
+    (tmp_path / "checkpoint").write_bytes(b"x" * 1000)
+
+def test_fails(tmp_path):
+    (tmp_path / "checkpoint").write_bytes(b"x" * 1000)
+    assert False
+'''
+
+
+def test_a_passing_tests_files_go_at_once_a_failing_tests_stay(tmp_path):
+    """pytest.ini's retention: the end-to-end tests' checkpoints (up to 8 GB a test) must not
+    pile up over the suite (a CI run filled the disk so) but stay where a test failed."""
+    probe = TESTS / f"test_zz_retention_{tmp_path.name}.py"
+    probe.write_text(RETENTION_PROBE)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                               f"--basetemp={tmp_path / 'base'}", str(probe)], cwd=TESTS.parent,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    assert "1 failed, 1 passed" in done.stdout, done.stdout + done.stderr
+    assert [p.parent.name for p in (tmp_path / "base").glob("*0/checkpoint")] == ["test_fails0"]
+
+
+def test_too_little_disk_for_the_suite_is_one_sentence_before_it_starts():
+    done = subprocess.run(["bash", "scripts/test.sh", "-k", "nothing"], cwd=TESTS.parent,
+                          capture_output=True, text=True, timeout=speed.scaled(300),
+                          env={**__import__("os").environ, "TEST_DISK_GIB": "1000000"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.fullmatch(r"error: \S+ has \d+ GiB free and the suite needs 1000000 GiB there; "
+                        r"free space \(old pytest runs lie in \S+\) or point TMPDIR at a larger "
+                        r"disk", done.stderr.strip().splitlines()[-1]), done.stderr
+    assert "passed" not in done.stdout
