@@ -3,13 +3,16 @@
     pip install -e ".[bench]"     # TRL, pinned; never one of the trainer's own dependencies
     python benchmarks/peer_trl.py [--steps 8] [--eval-at 4 8] \
         [--modes ours trl ours-transformers trl-vllm] [--out runs/peer-trl] [--seed 1] \
-        [--model smollm2-135m]
+        [--model smollm2-135m] [--precision fp32]
 
 The job (``experiment=cpu_demo`` without replay): the built-in model (``--model``), arithmetic
 levels 3, 4, 6, G = 6 answers to each of 4 prompts a step in 2 updates of 2 prompts, answers up
 to 32 tokens, lr 1e-5 after a 2-step linear warm-up, AdamW (0.9, 0.999, 1e-8, weight decay
 0.1 off norms), gradient clipping 1.0, clip 0.2/0.28 with a dual clip at 10, token-level loss,
 group-normalised advantages, no KL, the DAPO rule with the overlong penalty (8-token buffer), fp32, temperature 1.
+``--precision bf16`` runs the same job in bf16 mixed precision in both trainers: this trainer with
+``model.dtype=bfloat16`` (bf16 weights and rollouts, fp32 master weights and Adam state), TRL with
+``bf16=True`` (fp32 weights and Adam state, bf16 autocast where accelerate applies it).
 Both trainers see the same prompts in the same order (the trainer's seeded order, given to TRL
 unshuffled), and TRL gets this project's reward function and learning-rate schedule, so the
 jobs differ only where the docstring's DIFFERENCES say.
@@ -57,6 +60,9 @@ DIFFERENCES = [
     ("prompt sharing", "this trainer computes a group's prompt once per update "
      "(parallel.share_prompts); TRL computes every sequence whole", "this trainer: less work"),
     ("stop tokens", "each trainer stops at its own reading of the model's end tokens", "neither"),
+    ("bf16 (--precision bf16)", "TRL keeps fp32 weights and Adam state and runs the model under "
+     "accelerate's bf16 autocast; this trainer keeps bf16 weights (rollouts in bf16 too) with fp32 "
+     "master weights and Adam state in its optimizer", "this trainer: half the weight bytes read"),
 ]
 
 
@@ -66,7 +72,7 @@ def job(args) -> dict:
             "max_tokens": args.max_tokens, "lr": 1e-5, "warmup_steps": 2, "weight_decay": 0.1,
             "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.28, "dual_clip": 10.0,
             "overlong_buffer": min(8, args.max_tokens - 1), "levels": [3, 4, 6],
-            "train_size": 32, "seed": args.seed}
+            "train_size": 32, "seed": args.seed, "precision": args.precision}
 
 
 def ours_overrides(args, out: Path, engine: str) -> list[str]:
@@ -77,6 +83,7 @@ def ours_overrides(args, out: Path, engine: str) -> list[str]:
             f"algorithm.prompts_per_update={j['per_update']}",
             f"rollout.max_response_length={j['max_tokens']}",
             f"algorithm.overlong_buffer={j['overlong_buffer']}", "logging.eval_every=0",
+            f"model.dtype={'bfloat16' if j['precision'] == 'bf16' else 'float32'}",
             f"logging.save_every={min(args.eval_at)}", "logging.keep_checkpoints=0",
             "logging.keep_best=false", "logging.wandb=disabled", "logging.progress=false"]
 
@@ -97,8 +104,10 @@ def run_ours(args, out: Path, engine: str) -> dict:
         tokens = r["train/response_length"] * r["train/sequences"]
         steps.append({"step_s": r["time/step_s"], "generation_s": r["time/rollout_s"],
                       "generated_tokens": tokens, "trained_tokens": tokens})
-    return {"steps": steps, "policies": {s: str(out / ("hf" if s == args.steps else f"policy-{s}"))
-                                         for s in args.eval_at}}
+    dtype = json.loads((out / "config.json").read_text())["model"]["dtype"]
+    return {"steps": steps, "precision": dtype,
+            "policies": {s: str(out / ("hf" if s == args.steps else f"policy-{s}"))
+                         for s in args.eval_at}}
 
 
 def trl_prompts(args) -> list:
@@ -191,7 +200,8 @@ def run_trl(args, out: Path, use_vllm: bool) -> dict:
         max_completion_length=j["max_tokens"], temperature=1.0, top_p=1.0, top_k=0,
         beta=0.0, epsilon=j["clip_low"], epsilon_high=j["clip_high"], delta=j["dual_clip"],
         loss_type="dapo", scale_rewards="group", max_grad_norm=j["grad_clip"],
-        shuffle_dataset=False, use_cpu=True, bf16=False, fp16=False, report_to="none",
+        shuffle_dataset=False, use_cpu=True, bf16=j["precision"] == "bf16", fp16=False,
+        report_to="none",
         logging_steps=1, save_strategy="steps", save_steps=min(args.eval_at) * per_step,
         save_only_model=True, dataloader_num_workers=0, disable_dropout=True,
         use_vllm=use_vllm, vllm_mode="colocate", vllm_max_model_length=1024)
@@ -202,7 +212,9 @@ def run_trl(args, out: Path, use_vllm: bool) -> dict:
         trainer.train()
     finally:
         scorer.close()
+    mixed = trainer.accelerator.mixed_precision
     return {"steps": record["steps"],
+            "precision": "float32" if mixed == "no" else f"float32 weights, {mixed} autocast",
             "policies": {s: str(out / f"checkpoint-{s * per_step}") for s in args.eval_at}}
 
 
@@ -324,6 +336,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--model", default="smollm2-135m",
                    help="the built-in model (default) or a Hugging Face model directory")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="both trainers: fp32, or bf16 mixed precision")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "peer-trl")
     p.add_argument("--run", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
     args = p.parse_args(argv)
@@ -362,7 +376,7 @@ def main(argv=None) -> int:
             continue
         run = json.loads(timing.read_text())
         result["runs"][mode] = {"figures": figures(run["steps"]), "peak_gib": peak,
-                                "wall_s": wall, "steps": run["steps"],
+                                "wall_s": wall, "steps": run["steps"], "precision": run["precision"],
                                 "policies": run["policies"]}
     print("[peer] evaluating the policies", flush=True)
     from megatron_rlep import paired

@@ -25,10 +25,12 @@ def test_a_job_that_does_not_divide_into_updates_is_refused_in_one_sentence(tmp_
 
 
 @pytest.mark.e2e
-def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tmp_path, precision):
     out = tmp_path / "peer"
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--modes", "ours-transformers", "trl", "--steps", "1",
+        [sys.executable, str(BENCH), "--precision", precision, "--modes", "ours-transformers",
+         "trl", "--steps", "1",
          "--eval-at", "1", "--group", "2", "--prompts", "2", "--per-update", "1",
          "--max-tokens", "8", "--eval-questions", "6", "--eval-samples", "1",
          "--eval-engine", "transformers", "--model", str(make_model(tmp_path / "model")),
@@ -37,6 +39,11 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "peer_trl.json").read_text())
     assert result["modes"] == ["ours-transformers", "trl"]
+    # each trainer ran in the precision asked for: its own record of it
+    assert result["runs"]["ours-transformers"]["precision"] == \
+        {"fp32": "float32", "bf16": "bfloat16"}[precision]
+    assert result["runs"]["trl"]["precision"] == \
+        {"fp32": "float32", "bf16": "float32 weights, bf16 autocast"}[precision]
     for mode in result["modes"]:
         run = result["runs"][mode]
         f = run["figures"]
