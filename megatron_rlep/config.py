@@ -340,6 +340,8 @@ _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmCon
                                            RolloutConfig, ValidationConfig, ParallelConfig,
                                            LoggingConfig, VerifierConfig, CodeSandboxConfig)}
 
+VERIFIER_MODES = ("dapo", "math", "code", "custom")  # also the tools' --mode / --verify
+
 _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
     "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
@@ -350,7 +352,7 @@ _CHOICES = {
     "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
     "rollout.engine": ("auto", "vllm", "transformers"),
     "logging.wandb": ("online", "offline", "disabled"),
-    "verifier.mode": ("dapo", "math", "code", "custom"), "verifier.math_rule": ("dapo", "math"),
+    "verifier.mode": VERIFIER_MODES, "verifier.math_rule": ("dapo", "math"),
     "model.dtype": ("auto", "float32", "bfloat16"),
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
     "parallel.recompute": ("none", "selective", "full"),

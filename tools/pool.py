@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from megatron_rlep.config import VERIFIER_MODES  # noqa: E402
 from megatron_rlep.data import DataError  # noqa: E402
 from megatron_rlep.files import file_sha256, temporary_beside  # noqa: E402
 from megatron_rlep.pool import (PER_CANDIDATE, check_rows, keep_candidates,  # noqa: E402
@@ -234,9 +235,6 @@ def cmd_export(args) -> None:
     print(f"{args.output}: {len(rows)} questions in the RLEP release format")
 
 
-VERIFIERS = ["dapo", "math", "code", "custom"]  # as tools/score.py's --mode
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partial", action="store_true",
@@ -246,7 +244,7 @@ def parse_args(argv=None):
     stats.add_argument("pool", type=Path)
     stats.add_argument("--json", action="store_true")
     stats.add_argument("--plot", type=Path, help="PNG with histograms of the pool")
-    stats.add_argument("--verify", choices=VERIFIERS, help="count rejected candidates")
+    stats.add_argument("--verify", choices=VERIFIER_MODES, help="count rejected candidates")
     stats.add_argument("--function", help="--verify custom: the reward function, FILE.py:NAME")
     show = sub.add_parser("show", help="one question with its candidates")
     show.add_argument("pool", type=Path)
@@ -268,7 +266,7 @@ def parse_args(argv=None):
         if name == "filter":
             p.add_argument("--min-correct", type=int, default=1)
             p.add_argument("--max-tokens", type=int, default=None)
-            p.add_argument("--verify", choices=VERIFIERS,
+            p.add_argument("--verify", choices=VERIFIER_MODES,
                            help="drop candidates this verifier rejects")
             p.add_argument("--function", help="--verify custom: the reward function, FILE.py:NAME")
     args = parser.parse_args(argv)

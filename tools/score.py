@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from megatron_rlep.config import VERIFIER_MODES
 from megatron_rlep.reward.scorer import Item, Scorer, settings
 
 
@@ -31,7 +32,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path)
     parser.add_argument("-o", "--output", type=Path, required=True)
-    parser.add_argument("--mode", choices=["dapo", "math", "code", "custom"], default="dapo")
+    parser.add_argument("--mode", choices=VERIFIER_MODES, default="dapo")
     parser.add_argument("--function", help="custom: the reward function, FILE.py:NAME")
     parser.add_argument("--workers", type=int, default=2, help="scoring processes")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds an answer")
