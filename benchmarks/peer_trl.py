@@ -60,6 +60,10 @@ DIFFERENCES = [
     ("prompt sharing", "this trainer computes a group's prompt once per update "
      "(parallel.share_prompts); TRL computes every sequence whole", "this trainer: less work"),
     ("stop tokens", "each trainer stops at its own reading of the model's end tokens", "neither"),
+    ("OpenMP runtime", "both run under Intel's, preloaded (cli.with_intel_openmp): this trainer "
+     "always does on a CPU host, and TRL gets the same here; under torch's own GNU OpenMP, "
+     "this trainer's updates after a checkpoint save are about 20% slower "
+     "(benchmarks/openmp_runtime.py)", "neither"),
     ("bf16 (--precision bf16)", "TRL keeps fp32 weights and Adam state and runs the model under "
      "accelerate's bf16 autocast; this trainer keeps bf16 weights (rollouts in bf16 too) with fp32 "
      "master weights and Adam state in its optimizer", "this trainer: half the weight bytes read"),
@@ -347,6 +351,9 @@ def main(argv=None) -> int:
                 "a multiple of the smallest --eval-at, none above --steps")
     args.out = args.out.resolve()
     if args.run:
+        from megatron_rlep.cli import with_intel_openmp
+
+        with_intel_openmp()  # what the trainer does for itself: both run under the same OpenMP
         out = args.out / args.run
         result = run_ours(args, out, "vllm" if args.run == "ours" else "transformers") \
             if args.run.startswith("ours") else run_trl(args, out, args.run == "trl-vllm")

