@@ -53,7 +53,10 @@ def with_intel_openmp() -> None:
     stop spinning between parallel operations and sleep: every later step runs about 20% slower
     (docs/benchmarks.md, benchmarks/openmp_runtime.py). Intel's runtime keeps its pace. Its
     entry is taken out of LD_PRELOAD again once loaded, so the processes this one starts
-    (scorers, sandboxed programs) do not inherit it. MEGATRON_RLEP_OPENMP=gnu keeps GNU's."""
+    (scorers, sandboxed programs) do not inherit it. Its threads wait 1 ms for the next parallel
+    operation before they sleep (``KMP_BLOCKTIME=1`` unless set; its default, 200 ms, keeps a core
+    busy that the process's other threads and processes need: steps 1.1x slower in the TRL
+    benchmark). MEGATRON_RLEP_OPENMP=gnu keeps GNU's."""
     import glob
     import os
 
@@ -70,7 +73,7 @@ def with_intel_openmp() -> None:
             or "libiomp5" in os.environ.get("LD_PRELOAD", "")):
         return
     before = os.environ.get("LD_PRELOAD", "")
-    env = {**os.environ, PRELOADED: before,
+    env = {"KMP_BLOCKTIME": "1", **os.environ, PRELOADED: before,
            "LD_PRELOAD": ":".join(p for p in (library, before) if p)}
     sys.stdout.flush()
     sys.stderr.flush()

