@@ -474,14 +474,15 @@ def random_task(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("layout", [["parallel.tensor_parallel=2"], []], ids=["tp2", "dp2"])
-def test_a_random_reward_is_the_same_on_every_rank(assets, tmp_path, layout):
+def test_a_random_reward_is_the_same_on_every_rank(assets, tmp_path):
     """Rewards are scored once and gathered (reward/scorer.py): with a reward that flips a coin
     in each worker, both ranks still hold the same rewards, advantages and, under dynamic
     sampling, the same groups (before, each rank scored for itself: different advantages for
-    one sequence at TP 2, different groups kept at DP 2, then mismatched collectives)."""
+    one sequence at TP 2, different groups kept at DP 2, then mismatched collectives). The
+    gather spans the whole world whatever the layout, so DP 2 alone checks it (TP 2 was 39 s
+    more of the suite)."""
     data, coin = random_task(tmp_path)
-    train(assets, tmp_path / "run", *layout, f"data.train={data}", f"data.eval=[{data}]",
+    train(assets, tmp_path / "run", f"data.train={data}", f"data.eval=[{data}]",
           "algorithm.replay_per_prompt=0", "verifier=custom", f"verifier.function={coin}:compute_score",
           "algorithm.dynamic_sampling=true", "algorithm.max_gen_batches=3",
           "algorithm.short_batch=train", nproc=2, steps=2)
