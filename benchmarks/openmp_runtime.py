@@ -4,9 +4,10 @@ A checkpoint save gathers tensors over gloo, and gloo runs a parallel torch oper
 own thread, which keeps an OpenMP team of its own from then on. Under GNU OpenMP (torch's own)
 the process then has more OpenMP threads than cores, and GNU's threads sleep between parallel
 operations instead of spinning: every later update is slower. The trainer therefore runs with
-Intel's runtime preloaded on a CPU host (``cli.with_intel_openmp``). Each runtime runs in its
+Intel's runtime preloaded on a CPU host (``cli.with_cpu_runtime``). Each runtime runs in its
 own process, one after the other: ``--repeats`` updates of the demo's mini-batch (12 answers in
 groups of 6 on a 76-token prompt), a full checkpoint save, and ``--repeats`` updates again.
+Both keep the trainer's allocator (tcmalloc where installed), so only the OpenMP runtime differs.
 
     python benchmarks/openmp_runtime.py [--repeats 3] [--json out.json]
 """
@@ -71,9 +72,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     shape = (args.repeats, args.sequences, args.prompt, args.response, args.group)
     if args.run:
-        from megatron_rlep.cli import with_intel_openmp
+        from megatron_rlep.cli import with_cpu_runtime
 
-        with_intel_openmp()  # a no-op under MEGATRON_RLEP_OPENMP=gnu
+        with_cpu_runtime()  # Intel's OpenMP unless MEGATRON_RLEP_OPENMP=gnu
         print(json.dumps(measure(*shape)))
         return 0
     result = {"date": time.strftime("%Y-%m-%d"), "shape": dict(zip(

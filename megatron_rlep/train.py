@@ -22,10 +22,10 @@ torchrun gives its ranks only torchrun's 30-second grace before SIGKILL.
 from __future__ import annotations
 
 if __name__ == "__main__":  # a mistyped key, value or preset: said before torch and Megatron load
-    from megatron_rlep.cli import check_command_line, with_intel_openmp
+    from megatron_rlep.cli import check_command_line, with_cpu_runtime
 
     check_command_line("config")
-    with_intel_openmp()  # may run this command again, so before the heavy imports
+    with_cpu_runtime()  # may run this command again, so before the heavy imports
 
 import contextlib  # noqa: E402
 import json  # noqa: E402

