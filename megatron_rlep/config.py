@@ -93,6 +93,10 @@ class AlgorithmConfig:
     prompts_per_rollout: int = 512
     prompts_per_update: int = 64
     epochs: int = 1
+    # the old policy's log-probs of the fresh answers in the step's later mini-batches: actor (a
+    # forward pass of the actor before the first update) | rollout (the engine's, recorded as it
+    # sampled; no forward pass, docs/usage.md). The first mini-batch takes its own forward's.
+    old_logp: str = "actor"
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 10.0
@@ -350,6 +354,7 @@ _CHOICES = {
     "algorithm.correction.rs_level": ("token", "sequence", "geometric"),
     "algorithm.correction.replay": ("on_policy", "stored", "down_weight"),
     "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
+    "algorithm.old_logp": ("actor", "rollout"),
     "rollout.engine": ("auto", "vllm", "transformers"),
     "logging.wandb": ("online", "offline", "disabled"),
     "verifier.mode": VERIFIER_MODES, "verifier.math_rule": ("dapo", "math"),
@@ -425,6 +430,18 @@ def _check_values(cfg) -> None:
             f"config key algorithm.prompts_per_update={cfg.algorithm.prompts_per_update} does "
             f"not divide algorithm.prompts_per_rollout={cfg.algorithm.prompts_per_rollout}; "
             f"pick a divisor so every update sees whole groups.")
+    if isinstance(cfg, Config) and cfg.algorithm.old_logp == "rollout":
+        c, top_p = cfg.algorithm.correction, cfg.rollout.top_p
+        if c.is_level is not None or c.rs_level is not None:
+            raise ConfigError("config key algorithm.old_logp=rollout makes the engine's log-probs "
+                              "the old policy's, so algorithm.correction has no mismatch left to "
+                              "correct; unset algorithm.correction.is_level and rs_level, or use "
+                              "algorithm.old_logp=actor.")
+        if top_p < 1:
+            raise ConfigError(f"config key algorithm.old_logp=rollout needs rollout.top_p=1: with "
+                              f"rollout.top_p={top_p} the engine's log-probs are of the truncated "
+                              "distribution, not the policy's; set rollout.top_p=1 or use "
+                              "algorithm.old_logp=actor.")
     if isinstance(cfg, Config) and cfg.algorithm.kl_coef != 0:
         raise ConfigError(f"config key algorithm.kl_coef={cfg.algorithm.kl_coef} asks for a KL "
                           "term against a reference policy, which this trainer does not build "

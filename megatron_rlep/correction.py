@@ -135,3 +135,16 @@ def _metrics(stats: dict, threshold: Optional[float]) -> dict:
             if threshold is not None else 0.0
         out[f"{prefix}/rejected_fraction"] = 1.0 - k.float().mean().item()
     return out
+
+
+def engine_old_logp(samples: list, later: list[int]) -> list:
+    """``algorithm.old_logp=rollout``: per sample, the engine's log-probs as the old policy's for
+    the fresh answers among ``later`` that have one for every response token; None for the rest
+    (replayed answers, on-policy as RLEP treats them, and the first mini-batch), which the
+    actor's forward pass gives."""
+    old: list = [None] * len(samples)
+    for i in later:
+        s = samples[i]
+        if not s.replay and s.logprobs and len(s.logprobs) == len(s.response_ids):
+            old[i] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return old

@@ -49,7 +49,8 @@ from megatron_rlep.builtin_model import resolve_model_path
 from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import Example, load_examples
 from megatron_rlep.files import write_text_atomic
-from megatron_rlep.correction import active as correction_active, batch_correction
+from megatron_rlep.correction import active as correction_active, batch_correction, \
+    engine_old_logp
 from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
                                   rescue_replays, score_samples, without_unscored)
 from megatron_rlep.loss import rollout_mismatch
@@ -386,13 +387,16 @@ class Trainer:
                  for start in range(0, len(groups), a.prompts_per_update)]
         fused = set(minis[0]) if a.epochs == 1 and not a.kl_coef and \
             not correction_active(a.correction) else set()
+        samples = [s for g in groups for s in g.samples]
         old = [None] * len(batch)
         later = [i for i in range(len(batch)) if i not in fused]
+        if a.old_logp == "rollout":
+            old = engine_old_logp(samples, later)
+            later = [i for i in later if old[i] is None]
         if later:
             for i, logp in zip(later, self.actor.logprobs(_subset(batch, later))[0]):
                 old[i] = logp
         batch.old_logp = old
-        samples = [s for g in groups for s in g.samples]
         batch.weights, batch.kept, corrected = batch_correction(
             batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples],
             a.correction)

@@ -48,6 +48,12 @@ def test_algorithm_groups_differ_as_documented():
     ("parallel.share_prompts=true parallel.pack_sequences=true", "two ways to pack a micro-batch"),
     ("algorithm.kl_coef=0.001", "config key algorithm.kl_coef=0.001 asks for a KL term against a "
                                 "reference policy, which this trainer does not build"),
+    ("algorithm.old_logp=engine", "config key algorithm.old_logp='engine' is not allowed; use "
+                                  "one of actor, rollout"),
+    ("algorithm.old_logp=rollout algorithm.correction.is_level=token",
+     "algorithm.correction has no mismatch left to correct"),
+    ("algorithm.old_logp=rollout rollout.top_p=0.9", "algorithm.old_logp=rollout needs "
+                                                     "rollout.top_p=1: with rollout.top_p=0.9"),
     ("verifier=custom", "config key verifier.function names the reward function of "
                         "verifier.mode=custom and only of it"),
     ("verifier.function=r.py:f", "give verifier=custom verifier.function=FILE.py:NAME together"),

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron_rlep.correction import batch_correction, sequence_correction
+from megatron_rlep.correction import batch_correction, engine_old_logp, sequence_correction
 
 # pi_old / pi_behaviour per token: 0.5/0.25 = 2, 0.25/0.5 = 0.5, 0.9/0.3 = 3; product 3
 OLD = torch.tensor([0.5, 0.25, 0.9]).log()
@@ -82,3 +82,19 @@ def test_weights_and_rejections_reach_the_loss_positions_of_their_tokens():
     assert micro.weights[0, 1:4].tolist() == [2.0, 0.5, 2.5] and micro.weights[1, :2].tolist() == [1.0, 3.0]
     plain = collate(SequenceBatch(batch.tokens, batch.prompt_lengths), [0, 1], torch.device("cpu"))
     assert plain.weights is None and plain.loss_mask.sum() == 5
+
+
+def test_the_engines_log_probs_stand_in_for_the_old_policys_where_complete():
+    """algorithm.old_logp=rollout: fresh answers of the later mini-batches take the engine's
+    log-probs; replays, answers missing one, and the first mini-batch are left to the actor."""
+    from megatron_rlep.groups import Sample
+
+    samples = [Sample((5, 6), "a", False, True, logprobs=(-0.5, -1.25)),  # first mini-batch
+               Sample((5, 6), "b", False, True, logprobs=(-0.25, -2.0)),
+               Sample((7,), "c", True, True),  # a replay: on-policy, the actor's
+               Sample((5, 6, 7), "d", False, False, logprobs=(-1.0,)),  # incomplete
+               Sample((8,), "e", False, True, logprobs=(-3.0,))]
+    old = engine_old_logp(samples, later=[1, 2, 3, 4])
+    assert [o is None for o in old] == [True, False, True, True, False]
+    assert old[1].tolist() == [-0.25, -2.0] and old[1].dtype == torch.float32
+    assert old[4].tolist() == [-3.0]
