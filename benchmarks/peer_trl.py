@@ -2,7 +2,7 @@
 
     pip install -e ".[bench]"     # TRL, pinned; never one of the trainer's own dependencies
     python benchmarks/peer_trl.py [--steps 8] [--eval-at 4 8] \
-        [--modes ours trl ours-transformers trl-vllm] [--out runs/peer-trl] [--seed 1] \
+        [--modes ours trl ours-transformers ours-rollout-logp trl-vllm] [--out runs/peer-trl] [--seed 1] \
         [--model smollm2-135m] [--precision fp32]
 
 The job (``experiment=cpu_demo`` without replay): the built-in model (``--model``), arithmetic
@@ -17,8 +17,10 @@ Both trainers see the same prompts in the same order (the trainer's seeded order
 unshuffled), and TRL gets this project's reward function and learning-rate schedule, so the
 jobs differ only where the docstring's DIFFERENCES say.
 
-Modes: ``ours`` (vLLM rollouts), ``ours-transformers`` (the transformers engine), ``trl`` (its
-transformers generation), ``trl-vllm`` (its colocated vLLM mode). Each runs as a process of its
+Modes: ``ours`` (vLLM rollouts), ``ours-transformers`` (the transformers engine),
+``ours-rollout-logp`` (vLLM rollouts, the second update's old log-probs from vLLM's sampling
+instead of a forward pass: ``algorithm.old_logp=rollout``), ``trl`` (its transformers
+generation), ``trl-vllm`` (its colocated vLLM mode). Each runs as a process of its
 own, one after another in the order given with nothing else running, and its whole process
 tree's memory (proportional set sizes) is sampled every 0.2 s (the peak). Figures per mode:
 seconds per RL step (median after the first; a step is one generation and its updates), split
@@ -49,21 +51,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TRL_VERSION = "1.16.0"  # setup.py's bench extra
-MODES = ("ours", "trl", "ours-transformers", "trl-vllm")
+MODES = ("ours", "trl", "ours-transformers", "ours-rollout-logp", "trl-vllm")
+OURS = {"ours": ("vllm", []), "ours-transformers": ("transformers", []),  # engine, overrides
+        "ours-rollout-logp": ("vllm", ["algorithm.old_logp=rollout"])}
 # what the two jobs still do differently, and which way it leans
 DIFFERENCES = [
     ("old log-probs", "TRL computes them for all answers before the first update; this trainer "
      "takes the first update's from its own forward pass", "this trainer: one forward less"),
+    ("old log-probs, mode ours-rollout-logp", "the second update's come from vLLM's sampling "
+     "(algorithm.old_logp=rollout), not a forward pass", "this trainer: two forwards less than "
+     "TRL; pi_old is the engine's numerics"),
+    ("micro-batch", "both run an update's answers as one micro-batch (TRL's "
+     "per_device_train_batch_size, this trainer's parallel.micro_batch_size; the demo's own runs "
+     "use 8)", "neither"),
     ("loss normaliser", "TRL divides each update's token sum by the step's tokens / 2; this "
      "trainer by the update's own tokens", "neither: the same in expectation"),
     ("advantage epsilon", "TRL divides by std + 1e-4, this trainer by std + 1e-6", "neither"),
     ("prompt sharing", "this trainer computes a group's prompt once per update "
      "(parallel.share_prompts); TRL computes every sequence whole", "this trainer: less work"),
     ("stop tokens", "each trainer stops at its own reading of the model's end tokens", "neither"),
-    ("OpenMP runtime", "both run under Intel's, preloaded (cli.with_intel_openmp): this trainer "
-     "always does on a CPU host, and TRL gets the same here; under torch's own GNU OpenMP, "
-     "this trainer's updates after a checkpoint save are about 20% slower "
-     "(benchmarks/openmp_runtime.py)", "neither"),
+    ("CPU runtime", "both run under Intel's OpenMP and tcmalloc (where installed), preloaded "
+     "(cli.with_cpu_runtime): this trainer always does on a CPU host, and TRL gets the same "
+     "here; under torch's own GNU OpenMP this trainer's updates after a checkpoint save are "
+     "about 20% slower (benchmarks/openmp_runtime.py), under glibc's allocator its steps about "
+     "10% (benchmarks/allocator.py)", "neither"),
     ("bf16 (--precision bf16)", "TRL keeps fp32 weights and Adam state and runs the model under "
      "accelerate's bf16 autocast; this trainer keeps bf16 weights (rollouts in bf16 too) with fp32 "
      "master weights and Adam state in its optimizer", "this trainer: half the weight bytes read"),
@@ -79,23 +90,25 @@ def job(args) -> dict:
             "train_size": 32, "seed": args.seed, "precision": args.precision}
 
 
-def ours_overrides(args, out: Path, engine: str) -> list[str]:
+def ours_overrides(args, out: Path, engine: str, extra: tuple = ()) -> list[str]:
     j = job(args)
     return ["experiment=cpu_demo", f"model.path={args.model}", f"seed={args.seed}",
             f"run_dir={out}", f"rollout.engine={engine}", f"algorithm.total_steps={args.steps}",
             f"algorithm.rollouts_per_prompt={j['group']}", f"algorithm.prompts_per_rollout={j['prompts']}",
             f"algorithm.prompts_per_update={j['per_update']}",
+            f"parallel.micro_batch_size={j['per_update'] * j['group']}",  # TRL's per-device batch
             f"rollout.max_response_length={j['max_tokens']}",
             f"algorithm.overlong_buffer={j['overlong_buffer']}", "logging.eval_every=0",
             f"model.dtype={'bfloat16' if j['precision'] == 'bf16' else 'float32'}",
             f"logging.save_every={min(args.eval_at)}", "logging.keep_checkpoints=0",
-            "logging.keep_best=false", "logging.wandb=disabled", "logging.progress=false"]
+            "logging.keep_best=false", "logging.wandb=disabled", "logging.progress=false",
+            *extra]
 
 
-def run_ours(args, out: Path, engine: str) -> dict:
+def run_ours(args, out: Path, mode: str) -> dict:
     """This trainer as its users run it, then its policies at the evaluation steps exported."""
     py = sys.executable
-    subprocess.run([py, "-m", "megatron_rlep.train", *ours_overrides(args, out, engine)],
+    subprocess.run([py, "-m", "megatron_rlep.train", *ours_overrides(args, out, *OURS[mode])],
                    cwd=ROOT, check=True)
     for step in args.eval_at:
         if step < args.steps:  # the last step's export is the run's own hf/
@@ -351,12 +364,12 @@ def main(argv=None) -> int:
                 "a multiple of the smallest --eval-at, none above --steps")
     args.out = args.out.resolve()
     if args.run:
-        from megatron_rlep.cli import with_intel_openmp
+        from megatron_rlep.cli import with_cpu_runtime
 
-        with_intel_openmp()  # what the trainer does for itself: both run under the same OpenMP
+        with_cpu_runtime()  # what the trainer does for itself: both run under the same runtime
         out = args.out / args.run
-        result = run_ours(args, out, "vllm" if args.run == "ours" else "transformers") \
-            if args.run.startswith("ours") else run_trl(args, out, args.run == "trl-vllm")
+        result = run_ours(args, out, args.run) if args.run in OURS else \
+            run_trl(args, out, args.run == "trl-vllm")
         (out / "timing.json").write_text(json.dumps(result, indent=1))
         return 0
     try:
