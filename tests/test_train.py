@@ -347,7 +347,8 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
                             "algorithm.correction.rs_threshold=1.5"],
         "priority-down-weight": ["algorithm.replay.strategy=priority",
                                  "algorithm.replay.priority_floor=0.3",
-                                 "algorithm.correction.replay=down_weight"],
+                                 "algorithm.correction.replay=down_weight",
+                                 "algorithm.old_logp=rollout"],  # 2nd update: the engine's log-probs
         "recent-stored-live": ["algorithm.replay.strategy=recent", "algorithm.replay.refresh=true",
                                "algorithm.correction.replay=stored", f"algorithm.pool={sampled}"],
         # a live pool from nothing that the random policy never fills: saved empty, resumed
