@@ -20,7 +20,8 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
    masks) are created on the CPU by a ``TorchFunctionMode`` that rewrites the device argument.
 5. ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up of pipeline stages
    moves the weight with it).
-6. ``clip_grad_norm`` clips on the CPU itself: Megatron-Core's ``clip_grads`` asserts CUDA tensors.
+6. ``grad_norm`` and ``clip_grad_norm`` measure and clip on the CPU itself: Megatron-Core's
+   ``clip_grads`` asserts CUDA tensors.
 7. Megatron-Core's torch norm (the local specs' only norm without Apex) refuses sequence
    parallelism; here it accepts it and tags its parameters ``sequence_parallel`` so their
    gradients are summed over the TP group, as Megatron does for its fused and TE norms.
@@ -226,6 +227,7 @@ def install_cpu_shims() -> None:
     torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]
     _allow_sequence_parallel_norms()
+    _accumulate_weight_gradients_on_cpu()
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     # activation recompute saves and restores the CUDA generator beside the CPU one: none here
     mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
@@ -233,6 +235,27 @@ def install_cpu_shims() -> None:
     mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _CPU_MODE = _CudaToCpu()
     _CPU_MODE.__enter__()  # stays active for the life of the process (main thread)
+
+
+def _accumulate_weight_gradients_on_cpu() -> None:
+    """Shim 11: Megatron-Core's gradient accumulation fusion (the linear layers' weight
+    gradient added into ``main_grad`` by the GEMM itself, no gradient tensor and no separate
+    add) calls a CUDA extension; here the same two functions run as torch's ``addmm_``."""
+    from types import SimpleNamespace
+
+    from megatron.core.tensor_parallel import layers
+
+    def accumulate(total_input, grad_output, main_grad):  # main_grad [out, in] += g^T x
+        x = total_input.reshape(-1, total_input.shape[-1])
+        g = grad_output.reshape(-1, grad_output.shape[-1])
+        if x.dtype == main_grad.dtype:
+            main_grad.addmm_(g.t(), x)
+        else:  # bf16 activations into fp32 gradients: the product in bf16, as unfused
+            main_grad.add_(g.t() @ x)
+
+    layers.fused_weight_gradient_mlp_cuda = SimpleNamespace(
+        wgrad_gemm_accum_fp32=accumulate, wgrad_gemm_accum_fp16=accumulate)
+    layers._grad_accum_fusion_available = True
 
 
 def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 1234,
@@ -300,21 +323,45 @@ def cuda_type_names():
         torch.Tensor.type = plain  # type: ignore[assignment]
 
 
-def fused_cpu_adam(optimizer, on: bool = True) -> None:
+def fused_cpu_adam(optimizer, on: bool = True, grad_scale: float = 1.0) -> None:
     """Shim 10 (CPU only): every torch Adam inside Megatron-Core's ``optimizer`` (chained,
     mixed-precision or distributed) runs fused, or not (``on``). Set before each step, so a
-    resumed optimizer state (whose groups carry the flags they were saved with) follows it."""
+    resumed optimizer state (whose groups carry the flags they were saved with) follows it.
+    Fused, the step multiplies the gradients by ``grad_scale`` (the clipping factor) in its own
+    pass, through the kernel's ``grad_scale`` input (the gradients are divided by it, as
+    torch's loss scaler does), so clipping costs no pass of its own; unfused it must be 1."""
     if has_cuda():
         return
+    if grad_scale != 1.0 and not on:
+        raise ValueError("only the fused CPU Adam folds a gradient scale into its step")
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", None)
         if isinstance(inner, torch.optim.Adam):  # AdamW included
             for group in inner.param_groups:
                 group["fused"], group["foreach"] = on or None, False if on else None
+            inner.grad_scale = None if grad_scale == 1.0 else torch.tensor(1.0 / grad_scale)
 
 
 def clip_grad_norm(parameters, max_norm: float, sharded: bool = False) -> float:
-    """Clip gradients to a global L2 norm across model-parallel ranks; return the norm before.
+    """Clip gradients to a global L2 norm ``max_norm`` (``grad_norm``, ``clip_factor``);
+    return the norm before."""
+    params = [p for p in parameters if p.grad is not None]
+    norm = grad_norm(params, sharded)
+    factor = clip_factor(norm, max_norm)
+    if factor != 1.0:
+        for p in params:
+            p.grad.detach().mul_(factor)
+    return norm
+
+
+def clip_factor(norm: float, max_norm: float) -> float:
+    """What clipping to ``max_norm`` multiplies gradients of global norm ``norm`` by (1 when
+    within it, or ``max_norm`` is 0)."""
+    return max_norm / (norm + 1e-6) if 0 < max_norm < norm else 1.0
+
+
+def grad_norm(parameters, sharded: bool = False) -> float:
+    """The global L2 norm of the gradients across model-parallel ranks.
 
     Tensor-parallel duplicates (layer norms, ``tensor_model_parallel=False`` params) and the
     last pipeline stage's copy of tied embeddings are counted once, as Megatron-Core does; an
@@ -343,12 +390,7 @@ def clip_grad_norm(parameters, max_norm: float, sharded: bool = False) -> float:
                      else parallel_state.get_model_parallel_group())
             dist.all_reduce(partial, group=group)
         square += partial
-    norm = float(square.sqrt())
-    if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in params:
-            p.grad.detach().mul_(scale)
-    return norm
+    return float(square.sqrt())
 
 
 def _free_port() -> int:

@@ -342,6 +342,7 @@ sys.path.insert(0, "tests/helpers")
 import torch
 from megatron.core import parallel_state
 from tiny import make_model
+from megatron_rlep import platform
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.config import AlgorithmConfig
@@ -349,17 +350,21 @@ from megatron_rlep.config import AlgorithmConfig
 model = make_model(sys.argv[1], "qwen2")  # biases and norms: both of Megatron's decay groups
 weights = {}
 for fused in (True, False):
-    actor = Actor(str(model), AlgorithmConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1))
+    actor = Actor(str(model), AlgorithmConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1,
+                                              grad_clip=1e-4))
     actor.fused_adam = fused
     start = [p.detach().clone() for p in actor.module.parameters()]
     for step in range(3):
-        actor.train_step(SequenceBatch([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7, 8]], [3, 3],
-                                       advantages=torch.tensor([1.0, -1.0])))
+        norm = actor.train_step(SequenceBatch([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7, 8]], [3, 3],
+                                              advantages=torch.tensor([1.0, -1.0])))["grad_norm"]
         if step == 0:
             weights[fused, "first"] = [p.detach().clone() for p in actor.module.parameters()]
     inner = [part.optimizer for part in getattr(actor.optimizer, "chained_optimizers",
                                                 [actor.optimizer])]
     print("FUSED", fused, sorted({g["fused"] for o in inner for g in o.param_groups}, key=str))
+    # the step's gradients as the optimizer applied them: clipped to the norm 1e-4
+    after = platform.grad_norm([p for o in inner for g in o.param_groups for p in g["params"]])
+    print("CLIPPED", fused, norm > 1e-3, round(after / 1e-4, 4))
     weights[fused] = [p.detach().clone() for p in actor.module.parameters()]
     moved = max(float((a - b).abs().max()) for a, b in zip(weights[fused], start))
     del actor
@@ -372,16 +377,69 @@ print("DIFFERENCE", first, third, moved)
 
 def test_the_cpu_adam_runs_fused_and_updates_as_the_default_one(tmp_path):
     """platform.fused_cpu_adam: torch's fused CPU Adam kernel inside Megatron-Core's optimizer
-    gives the default Adam's weights (lr 1e-2, weight decay 0.1): after one step to fp32
+    applies the clipping factor itself (the gradients it stepped on have the clipped norm, as
+    the default Adam's multiplied ones) and gives the default Adam's weights (lr 1e-2, weight
+    decay 0.1, gradients clipped to 1e-4 from above 1e-3): after one step to fp32
     rounding; after three, within 0.5% of how far the weights moved (Adam divides the tiny
     model's near-zero gradients by their own size, so rounding in one step's gradients grows)."""
     result = subprocess.run([sys.executable, "-c", FUSED, str(tmp_path / "m")], capture_output=True,
                             text=True, timeout=scaled(600), env=env(), cwd=Path(__file__).parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("FUSED", "DIFF"))]
-    assert lines[:2] == ["FUSED True [True]", "FUSED False [None]"], result.stdout
-    first, third, moved = map(float, lines[2].split()[1:])
+    lines = [line for line in result.stdout.splitlines()
+             if line.startswith(("FUSED", "CLIPPED", "DIFF"))]
+    assert lines[:4] == ["FUSED True [True]", "CLIPPED True True 1.0",
+                         "FUSED False [None]", "CLIPPED False True 1.0"], result.stdout
+    first, third, moved = map(float, lines[4].split()[1:])
     assert first < 1e-7 and third < 5e-3 * moved, lines
+
+
+WGRAD = """
+import sys
+sys.path.insert(0, "tests/helpers")
+import torch
+from megatron.core import parallel_state
+from tiny import make_model
+from megatron_rlep.actor.actor import Actor
+from megatron_rlep.actor.batch import SequenceBatch
+from megatron_rlep.config import AlgorithmConfig
+
+for family in ("qwen2", "qwen3_moe"):  # tied embedding and biases; experts
+    actor = Actor(str(make_model(sys.argv[1] + family, family)), AlgorithmConfig(lr=0.0))
+    batch = SequenceBatch([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7, 8]], [3, 3],
+                          advantages=torch.tensor([1.0, -1.0]))
+    linears = [m for m in actor.module.modules() if hasattr(m, "gradient_accumulation_fusion")]
+    print("DEFAULT", all(m.gradient_accumulation_fusion for m in linears))
+    grads = {}
+    for fused in (True, False):
+        for m in linears:
+            m.gradient_accumulation_fusion = fused
+        actor.train_step(batch)
+        grads[fused] = [p.main_grad.clone() for p in actor.module.parameters()]
+    same = all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
+    nonzero = sum(bool(g.abs().sum() > 0) for g in grads[True])
+    print("WGRAD", family, len(linears), same, nonzero, len(grads[True]))
+    del actor
+    parallel_state.destroy_model_parallel()
+"""
+
+
+def test_weight_gradients_accumulate_in_the_gemm_on_the_cpu_as_unfused(tmp_path):
+    """Platform shim 11: on the CPU every linear layer adds its weight gradient into the
+    gradient buffer with ``addmm_`` (Megatron-Core's gradient accumulation fusion, on by
+    default here) and the buffers hold the same gradients, to the bit, as with the fusion off
+    (the weight gradient as a tensor, added by DDP's hook): with a tied embedding, which the
+    output layer and the embedding both feed, and with experts."""
+    result = subprocess.run([sys.executable, "-c", WGRAD, str(tmp_path / "m")], capture_output=True,
+                            text=True, timeout=scaled(600), env=env(), cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("DEFAULT True") == 2, result.stdout
+    lines = [line.split() for line in result.stdout.splitlines() if line.startswith("WGRAD")]
+    assert [(family, same) for _, family, _, same, _, _ in lines] == \
+        [("qwen2", "True"), ("qwen3_moe", "True")], result.stdout
+    (_, _, dense, _, nonzero, params), (_, _, moe, _, moe_nonzero, moe_params) = lines
+    assert int(dense) >= 8 and int(moe) >= 16, lines
+    # every gradient reached (an expert no token chose has none)
+    assert nonzero == params and int(moe_nonzero) >= int(moe_params) - 4, lines
 
 
 BF16 = """

@@ -262,7 +262,8 @@ def transformer_config(hf_config, tensor_parallel: int, pipeline_parallel: int,
         activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=qkv_bias,
         qk_layernorm=spec_options(c)["qk_layernorm"],
         bias_activation_fusion=True, masked_softmax_fusion=False, apply_rope_fusion=False,
-        bias_dropout_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=cpu,  # the CPU's own (platform shim 11); GPU: off as before
         # perform_initialization also tags each weight's TP split (partition_dim) on the CPU path
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=cpu,
         perform_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,
@@ -498,7 +499,8 @@ def export_hf(model, hf_config, bucket_bytes: int = 256 << 20
                                 group=parallel_state.get_tensor_model_parallel_group())
             else:
                 shards = [shard]
-            full = torch.cat(shards, dim) if dim is not None else shards[0]
+            # one shard: the rule's to_hf below copies it anyway (a parameter never leaves as itself)
+            full = torch.cat(shards, dim) if dim is not None and len(shards) > 1 else shards[0]
         else:
             full = torch.empty(full_shape, dtype=dtype, device=device)
         if owner == pp_rank and ep_owner is not None and dist.get_world_size(ep_group) > 1:

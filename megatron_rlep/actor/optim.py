@@ -6,8 +6,9 @@ constant learning rate, gradient clipping by global norm. The schedule counts ro
 as the reference does: every optimiser update of one step runs at the same learning rate
 (``set_position``), however many mini-batches the step has. The distributed optimiser
 (``distributed``) shards the optimiser state over data-parallel ranks; on the CPU it is built
-under ``platform.cuda_type_names`` and clipping goes through ``platform.clip_grad_norm`` (Megatron's
-``clip_grads`` asserts CUDA tensors).
+under ``platform.cuda_type_names``, the gradient norm comes from ``platform.grad_norm`` (Megatron's
+``clip_grads`` asserts CUDA tensors) and the fused Adam applies the clipping factor in its own
+pass over the gradients (``platform.fused_cpu_adam``).
 
 A step whose gradient norm is not finite is skipped on every platform (``step`` reports it and
 applies nothing): in bf16 without a loss scaler Megatron-Core never flags inf/NaN itself, so its
@@ -93,10 +94,14 @@ def step(optimizer, grad_clip: float, fused: bool = True) -> tuple[float, float,
     else:
         parts = getattr(optimizer, "chained_optimizers", [optimizer])  # dense, experts
         sharded = any(type(part).__name__ == "DistributedOptimizer" for part in parts)
-        norm = platform.clip_grad_norm([p for part in parts for p in part.get_parameters()],
-                                       grad_clip, sharded)
+        params = [p for part in parts for p in part.get_parameters()]
+        norm = platform.grad_norm(params, sharded)
         if not math.isfinite(norm):
             return norm, lr, False
-        platform.fused_cpu_adam(optimizer, fused)
+        factor = platform.clip_factor(norm, grad_clip)
+        platform.fused_cpu_adam(optimizer, fused, factor if fused else 1.0)
+        if not fused and factor != 1.0:  # fused, the kernel scales them in its own pass
+            for p in params:
+                p.grad.detach().mul_(factor)
     optimizer.step_with_ready_grads()
     return norm, lr, True
