@@ -2,7 +2,8 @@
 
     pip install -e ".[bench]"     # TRL, pinned; never one of the trainer's own dependencies
     python benchmarks/peer_trl.py [--steps 8] [--eval-at 4 8] \
-        [--modes ours trl ours-transformers ours-rollout-logp trl-vllm] [--out runs/peer-trl] [--seed 1] \
+        [--modes ours trl ours-transformers ours-rollout-logp ours-compiled trl-vllm] \
+        [--out runs/peer-trl] [--seed 1] \
         [--model smollm2-135m] [--precision fp32]
 
 The job (``experiment=cpu_demo`` without replay): the built-in model (``--model``), arithmetic
@@ -19,13 +20,15 @@ jobs differ only where the docstring's DIFFERENCES say.
 
 Modes: ``ours`` (vLLM rollouts), ``ours-transformers`` (the transformers engine),
 ``ours-rollout-logp`` (vLLM rollouts, the second update's old log-probs from vLLM's sampling
-instead of a forward pass: ``algorithm.old_logp=rollout``), ``trl`` (its transformers
+instead of a forward pass: ``algorithm.old_logp=rollout``), ``ours-compiled`` (the same with
+vLLM's model compiled: ``rollout.cpu_compile=true``), ``trl`` (its transformers
 generation), ``trl-vllm`` (its colocated vLLM mode). Each runs as a process of its
 own, one after another in the order given with nothing else running, and its whole process
 tree's memory (proportional set sizes) is sampled every 0.2 s (the peak). Figures per mode:
 seconds per RL step (median after the first; a step is one generation and its updates), split
 into generation with scoring and the rest (old log-probs, updates, weight sync), generated and
-trained tokens/s (the answers' tokens, over generation and over the rest), peak memory; then each mode's policy at
+trained tokens/s (the answers' tokens, over generation and over the rest), peak memory, the whole
+run's seconds (start-up, compilation and exports included); then each mode's policy at
 ``--eval-at`` steps (and the shared base model) is evaluated by ``tools/evaluate.py`` on the
 demo's 128 held-out questions, and each curve is compared with the first mode's by a paired
 bootstrap over questions (megatron_rlep/paired.py). A mode that fails is recorded with its
@@ -51,9 +54,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TRL_VERSION = "1.16.0"  # setup.py's bench extra
-MODES = ("ours", "trl", "ours-transformers", "ours-rollout-logp", "trl-vllm")
+MODES = ("ours", "trl", "ours-transformers", "ours-rollout-logp", "ours-compiled", "trl-vllm")
 OURS = {"ours": ("vllm", []), "ours-transformers": ("transformers", []),  # engine, overrides
-        "ours-rollout-logp": ("vllm", ["algorithm.old_logp=rollout"])}
+        "ours-rollout-logp": ("vllm", ["algorithm.old_logp=rollout"]),
+        "ours-compiled": ("vllm", ["algorithm.old_logp=rollout", "rollout.cpu_compile=true"])}
 # what the two jobs still do differently, and which way it leans
 DIFFERENCES = [
     ("old log-probs", "TRL computes them for all answers before the first update; this trainer "
@@ -61,6 +65,10 @@ DIFFERENCES = [
     ("old log-probs, mode ours-rollout-logp", "the second update's come from vLLM's sampling "
      "(algorithm.old_logp=rollout), not a forward pass", "this trainer: two forwards less than "
      "TRL; pi_old is the engine's numerics"),
+    ("vLLM compiled, mode ours-compiled", "vLLM's model runs torch.compile'd "
+     "(rollout.cpu_compile=true; TRL's generation runs eagerly): the engine compiles as the run "
+     "starts, counted in the whole run's seconds, not in the step's", "this trainer: faster "
+     "rollouts, a longer start"),
     ("micro-batch", "both run an update's answers as one micro-batch (TRL's "
      "per_device_train_batch_size, this trainer's parallel.micro_batch_size; the demo's own runs "
      "use 8)", "neither"),
@@ -299,18 +307,19 @@ def figures(steps: list[dict]) -> dict:
 def table(result: dict) -> str:
     first = result["modes"][0]
     lines = ["| mode | s / RL step | generation + scoring s | rest s | generated tok/s | "
-             "trained tok/s | peak memory GiB | step vs " + first + " |", "|" + "---|" * 8]
+             "trained tok/s | peak memory GiB | whole run s | step vs " + first + " |",
+             "|" + "---|" * 9]
     base = result["runs"].get(first, {}).get("figures", {}).get("step_s")
     for mode in result["modes"]:
         run = result["runs"][mode]
         if "figures" not in run:
-            lines.append(f"| {mode} | failed: {run.get('error', '?')} |" + " |" * 6)
+            lines.append(f"| {mode} | failed: {run.get('error', '?')} |" + " |" * 7)
             continue
         f = run["figures"]
         ratio = f"{f['step_s'] / base:.2f}x" if base else "-"
         lines.append(f"| {mode} | {f['step_s']:.1f} | {f['generation_s']:.1f} | {f['rest_s']:.1f} | "
                      f"{f['generated_tokens_per_s']:.0f} | {f['trained_tokens_per_s']:.0f} | "
-                     f"{run['peak_gib']:.2f} | {ratio} |")
+                     f"{run['peak_gib']:.2f} | {run['wall_s']:.0f} | {ratio} |")
     lines += ["", "| mode | " + " | ".join(f"step {s}" for s in result["curve_steps"]) +
               " | area minus " + first + " (95%) |", "|" + "---|" * (len(result["curve_steps"]) + 2)]
     for mode, curve in result["curves"].items():

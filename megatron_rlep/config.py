@@ -136,6 +136,9 @@ class RolloutConfig:
     tensor_parallel: int = 1
     gpu_memory_utilization: float = 0.6  # vLLM on GPU
     cpu_kv_cache_gib: float = 1.0  # vLLM on CPU: KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
+    # vLLM on CPU: torch.compile the model (faster rollouts; the engine's start compiles,
+    # docs/usage.md has the costs) instead of running it eagerly
+    cpu_compile: bool = False
     batch_size: int = 64  # sequences per generate call (transformers engine)
     check_sync: bool = False  # after each weight sync, compare engine and actor log-probs
 

