@@ -21,7 +21,10 @@ same threads).
 
 With ``--fused-adam`` it times the Megatron-Core step with torch's fused CPU Adam kernel
 (platform.fused_cpu_adam) against torch's default CPU Adam, and reports the largest difference of
-the weights the two give from the same start.
+the weights the two give from the same start. With ``--wgrad-fusion`` it times the step with the
+linear layers' weight gradients added into the gradient buffer by the GEMM (gradient
+accumulation fusion, platform shim 11, the CPU default) against without (a gradient tensor,
+added by DDP's hook).
 """
 
 from __future__ import annotations
@@ -134,6 +137,13 @@ def adam(actor, batch, fused: bool):
     return actor.train_step(batch)
 
 
+def wgrad_fusion(actor, batch, on: bool):
+    for module in actor.module.modules():
+        if hasattr(module, "gradient_accumulation_fusion"):
+            module.gradient_accumulation_fusion = on
+    return actor.train_step(batch)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequences", type=int, default=8)
@@ -147,6 +157,8 @@ def main():
                         help="Megatron-Core step with --prompt tokens against this many")
     parser.add_argument("--fused-adam", action="store_true",
                         help="Megatron-Core step with torch's fused CPU Adam against its default")
+    parser.add_argument("--wgrad-fusion", action="store_true",
+                        help="Megatron-Core step with gradient accumulation fusion against without")
     parser.add_argument("--share-prompts", type=int, default=None, metavar="G",
                         help="groups of G sequences share a prompt: the step with "
                              "parallel.share_prompts against without")
@@ -181,6 +193,9 @@ def main():
     if args.fused_adam:
         steps = (("fused_adam", lambda: adam(actor, batch, True)),
                  ("default_adam", lambda: adam(actor, batch, False)))
+    elif args.wgrad_fusion:
+        steps = (("wgrad_fusion", lambda: wgrad_fusion(actor, batch, True)),
+                 ("wgrad_unfused", lambda: wgrad_fusion(actor, batch, False)))
     elif args.share_prompts:
         steps = (("shared", lambda: shared(True)), ("plain", lambda: shared(False)))
     elif args.compile:

@@ -24,8 +24,8 @@ cache), reloads them, then wakes the KV cache (after emptying it again: the expo
 reload's temporaries would otherwise stay in torch's cache beside the KV cache). Where the platform has no sleep mode (the CPU
 backend) both are skipped, said once in the log.
 
-On CPU: eager mode (no torch.compile warm-up), no chunked prefill (per-request seeds crash with
-it), ``rollout.cpu_kv_cache_gib`` of KV cache (vLLM's default claims most of the machine),
+On CPU: eager mode (no torch.compile warm-up; ``rollout.cpu_compile`` compiles), no chunked
+prefill (per-request seeds crash with it), ``rollout.cpu_kv_cache_gib`` of KV cache (vLLM's default claims most of the machine),
 torch's thread count kept (vLLM would drop it to 1), and KV blocks of 32 tokens: the prefix cache
 reuses whole blocks only, and with the CPU backend's default of 128 a prompt shorter than that
 (the built-in task's 74 tokens) was prefilled again for every sample; with 32 a group's samples
