@@ -499,7 +499,7 @@ def export_hf(model, hf_config, bucket_bytes: int = 256 << 20
                                 group=parallel_state.get_tensor_model_parallel_group())
             else:
                 shards = [shard]
-            # one shard: the rule's to_hf below copies it anyway (a parameter never leaves as itself)
+            # one shard: the rule's to_hf below copies it (a parameter never leaves as itself)
             full = torch.cat(shards, dim) if dim is not None and len(shards) > 1 else shards[0]
         else:
             full = torch.empty(full_shape, dtype=dtype, device=device)

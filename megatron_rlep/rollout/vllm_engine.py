@@ -25,12 +25,12 @@ reload's temporaries would otherwise stay in torch's cache beside the KV cache).
 backend) both are skipped, said once in the log.
 
 On CPU: eager mode (no torch.compile warm-up; ``rollout.cpu_compile`` compiles), no chunked
-prefill (per-request seeds crash with it), ``rollout.cpu_kv_cache_gib`` of KV cache (vLLM's default claims most of the machine),
-torch's thread count kept (vLLM would drop it to 1), and KV blocks of 32 tokens: the prefix cache
-reuses whole blocks only, and with the CPU backend's default of 128 a prompt shorter than that
-(the built-in task's 74 tokens) was prefilled again for every sample; with 32 a group's samples
-and the questions' shared instructions are prefilled once (``docs/benchmarks.md``: prefill of
-256 requests 5.7x faster, whole validation answers 2.2x).
+prefill (per-request seeds crash with it), ``rollout.cpu_kv_cache_gib`` of KV cache (vLLM's
+default claims most of the machine), torch's thread count kept (vLLM would drop it to 1), and
+KV blocks of 32 tokens: the prefix cache reuses whole blocks only, and with the CPU backend's
+default of 128 a prompt shorter than that (the built-in task's 74 tokens) was prefilled again
+for every sample; with 32 a group's samples and the questions' shared instructions are prefilled
+once (``docs/benchmarks.md``: prefill of 256 requests 5.7x faster, whole validation answers 2.2x).
 """
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ class VllmEngine:
 
         with self._calls():
             out = self.llm.generate([{"prompt_token_ids": list(ids)}],
-                                    SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
-                                    use_tqdm=False)
+                                    SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                                   detokenize=False), use_tqdm=False)
         steps = out[0].prompt_logprobs[1:]
         return torch.tensor([step[token].logprob for step, token in zip(steps, list(ids)[1:])])
 
