@@ -24,7 +24,7 @@ instead of a forward pass: ``algorithm.old_logp=rollout``), ``ours-compiled`` (t
 vLLM's model compiled: ``rollout.cpu_compile=true``), ``trl`` (its transformers
 generation), ``trl-vllm`` (its colocated vLLM mode). Each runs as a process of its
 own, one after another in the order given with nothing else running, and its whole process
-tree's resident memory is read every 0.2 s (``watched``: the peak). Figures per mode:
+tree's memory (proportional set sizes) is sampled every 0.2 s (the peak). Figures per mode:
 seconds per RL step (median after the first; a step is one generation and its updates), split
 into generation with scoring and the rest (old log-probs, updates, weight sync), generated and
 trained tokens/s (the answers' tokens, over generation and over the rest), peak memory, the whole
@@ -250,12 +250,11 @@ def _free_port() -> int:
 
 
 def watched(argv: list[str], log: Path) -> tuple[int, float, float]:
-    """(exit status, wall seconds, peak memory in GiB: the largest sum, over the process and its
-    descendants alive at one reading every 0.2 s, of each one's resident private and shared
-    memory, ``RssAnon + RssShmem``: the weights, optimizer state, KV cache and activations,
-    not the libraries' code or the page cache). The kernel keeps these counts, so a reading is
-    cheap; proportional set sizes, read before 2026-11-27, walk the page tables under the
-    process's memory lock and cost the trainer being measured 8% of its step."""
+    """(exit status, wall seconds, peak memory in GiB of the process and its descendants: the
+    sum of their proportional set sizes, so pages forked workers share count once). Reading
+    them walks each process's page tables under its memory lock, which slows the trainer being
+    measured by about 8%; the kernel's cheap counts (peak or resident anonymous memory, tried
+    2026-11-26) count a forked worker's shared pages again in every worker."""
     import psutil
 
     peak, done = 0, threading.Event()
@@ -269,9 +268,9 @@ def watched(argv: list[str], log: Path) -> tuple[int, float, float]:
             while not done.wait(0.2):
                 try:
                     tree = [root, *root.children(recursive=True)]
+                    peak = max(peak, sum(p.memory_full_info().pss for p in tree if p.is_running()))
                 except psutil.Error:
-                    continue
-                peak = max(peak, sum(_resident(p.pid) for p in tree))
+                    pass
 
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
@@ -279,15 +278,6 @@ def watched(argv: list[str], log: Path) -> tuple[int, float, float]:
         done.set()
         thread.join()
     return code, time.perf_counter() - t0, peak / 2**30
-
-
-def _resident(pid: int) -> int:
-    """A process's resident private and shared memory in bytes (0 once it is gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    return sum(int(kb) * 1024 for kb in re.findall(r"^Rss(?:Anon|Shmem):\s+(\d+) kB", status, re.M))
 
 
 def evaluate(args, policy: str, out: Path) -> dict[str, float]:
