@@ -100,8 +100,7 @@ def step(optimizer, grad_clip: float, fused: bool = True) -> tuple[float, float,
             return norm, lr, False
         factor = platform.clip_factor(norm, grad_clip)
         platform.fused_cpu_adam(optimizer, fused, factor if fused else 1.0)
-        if not fused and factor != 1.0:  # fused, the kernel scales them in its own pass
-            for p in params:
-                p.grad.detach().mul_(factor)
+        if not fused:  # fused, the kernel scales them in its own pass
+            platform.scale_grads(params, factor)
     optimizer.step_with_ready_grads()
     return norm, lr, True
