@@ -24,7 +24,10 @@ instead of a forward pass: ``algorithm.old_logp=rollout``), ``ours-compiled`` (t
 vLLM's model compiled: ``rollout.cpu_compile=true``), ``trl`` (its transformers
 generation), ``trl-vllm`` (its colocated vLLM mode). Each runs as a process of its
 own, one after another in the order given with nothing else running, and its whole process
-tree's memory (proportional set sizes) is sampled every 0.2 s (the peak). Figures per mode:
+tree's memory is sampled (the peak): in a memory cgroup of its own where one can be made,
+the anonymous and shared memory charged to it, each page once, every 0.05 s; elsewhere the
+sum of the processes' proportional set sizes every 0.2 s, which slows the trainer measured
+(``watched``). Figures per mode:
 seconds per RL step (median after the first; a step is one generation and its updates), split
 into generation with scoring and the rest (old log-probs, updates, weight sync), generated and
 trained tokens/s (the answers' tokens, over generation and over the rest), peak memory, the whole
@@ -39,6 +42,7 @@ error's last line and the rest go on. Writes ``OUT/peer_trl.json``, ``OUT/peer_t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -249,27 +253,61 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def watched(argv: list[str], log: Path) -> tuple[int, float, float]:
-    """(exit status, wall seconds, peak memory in GiB of the process and its descendants: the
-    sum of their proportional set sizes, so pages forked workers share count once). Reading
-    them walks each process's page tables under its memory lock, which slows the trainer being
-    measured by about 8%; the kernel's cheap counts (peak or resident anonymous memory, tried
-    2026-11-26) count a forked worker's shared pages again in every worker."""
+def memory_cgroup() -> Path | None:
+    """A new memory cgroup (cgroup v1) under this process's own, or None where none can be
+    made (not root, or no v1 memory controller)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        own = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory")
+        group = Path("/sys/fs/cgroup/memory", own.lstrip("/"), f"peer-trl-{os.getpid()}-"
+                     f"{time.monotonic_ns()}")
+        group.mkdir()
+        return group
+    except (OSError, StopIteration, IndexError):
+        return None
+
+
+def cgroup_resident(group: Path) -> int:
+    """Bytes of anonymous and shared memory charged to ``group`` and its descendants: each
+    page once, however many processes map it."""
+    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    return int(stat["total_rss"]) + int(stat["total_shmem"])
+
+
+def tree_pss(pid: int) -> int:
+    """The sum of the proportional set sizes of ``pid`` and its descendants."""
     import psutil
 
+    root = psutil.Process(pid)
+    return sum(p.memory_full_info().pss for p in [root, *root.children(recursive=True)]
+               if p.is_running())
+
+
+def watched(argv: list[str], log: Path) -> tuple[int, float, float, str]:
+    """(exit status, wall seconds, peak memory in GiB of the process and its descendants, how it
+    was read). Where a memory cgroup can be made (``memory_cgroup``) the process starts in one
+    and the peak is of the memory charged to it (``cgroup_resident``), read every 0.05 s at
+    about 15 us a read. Elsewhere it is the sum of their proportional set sizes, read every
+    0.2 s; those reads walk each process's page tables under its memory lock and slowed the
+    trainer measured by about 8% (2026-11-26). The kernel's per-process counts (peak or
+    resident anonymous memory) count a forked worker's shared pages again in every worker."""
+    import psutil
+
+    group = memory_cgroup()
     peak, done = 0, threading.Event()
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        # join the cgroup before exec: every process the run starts is charged there
+        join = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None
+        child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 preexec_fn=join)
 
         def sample():
             nonlocal peak
-            root = psutil.Process(child.pid)
-            while not done.wait(0.2):
+            while not done.wait(0.05 if group else 0.2):
                 try:
-                    tree = [root, *root.children(recursive=True)]
-                    peak = max(peak, sum(p.memory_full_info().pss for p in tree if p.is_running()))
-                except psutil.Error:
+                    peak = max(peak, cgroup_resident(group) if group else tree_pss(child.pid))
+                except (psutil.Error, OSError):
                     pass
 
         thread = threading.Thread(target=sample, daemon=True)
@@ -277,7 +315,11 @@ def watched(argv: list[str], log: Path) -> tuple[int, float, float]:
         code = child.wait()
         done.set()
         thread.join()
-    return code, time.perf_counter() - t0, peak / 2**30
+    if group:
+        with contextlib.suppress(OSError):  # busy while a stray descendant lives on
+            group.rmdir()  # its charges move to the parent
+    return code, time.perf_counter() - t0, peak / 2**30, \
+        "cgroup anonymous + shared" if group else "proportional set sizes"
 
 
 def evaluate(args, policy: str, out: Path) -> dict[str, float]:
@@ -396,8 +438,8 @@ def main(argv=None) -> int:
     for mode in args.modes:
         print(f"[peer] {mode}: training {args.steps} steps", flush=True)
         log = args.out / f"{mode}.log"
-        code, wall, peak = watched([sys.executable, __file__, *(argv or sys.argv[1:]),
-                                    "--out", str(args.out), "--run", mode], log)
+        code, wall, peak, memory = watched([sys.executable, __file__, *(argv or sys.argv[1:]),
+                                            "--out", str(args.out), "--run", mode], log)
         timing = args.out / mode / "timing.json"
         if code or not timing.is_file():
             lines = log.read_text(errors="replace").splitlines()
@@ -408,7 +450,8 @@ def main(argv=None) -> int:
             continue
         run = json.loads(timing.read_text())
         result["runs"][mode] = {"figures": figures(run["steps"]), "peak_gib": peak,
-                                "wall_s": wall, "steps": run["steps"], "precision": run["precision"],
+                                "memory": memory, "wall_s": wall, "steps": run["steps"],
+                                "precision": run["precision"],
                                 "policies": run["policies"]}
     print("[peer] evaluating the policies", flush=True)
     from megatron_rlep import paired

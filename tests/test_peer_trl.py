@@ -14,6 +14,38 @@ from tiny import make_model
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks" / "peer_trl.py"
+sys.path.insert(0, str(BENCH.parent))
+import peer_trl  # noqa: E402
+
+# 512 MiB touched, a forked child that keeps it (shared, copy-on-write), then 256 MiB more
+FORKED = """
+import os, time
+a = bytearray(512 << 20)
+if os.fork() == 0:
+    time.sleep(1.5)
+    os._exit(0)
+b = bytearray(256 << 20)
+time.sleep(1.5)
+os.wait()
+"""
+
+
+@pytest.mark.parametrize("reading", ["cgroup", "pss"])
+def test_a_forked_childs_shared_pages_count_once_in_the_peak(tmp_path, monkeypatch, reading):
+    if reading == "pss":
+        monkeypatch.setattr(peer_trl, "memory_cgroup", lambda: None)
+    else:
+        probe = peer_trl.memory_cgroup()
+        if probe is None:
+            pytest.skip("no memory cgroup can be made here (not root, or no cgroup v1)")
+        probe.rmdir()
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    code, wall, peak, how = peer_trl.watched([sys.executable, str(script)], tmp_path / "log")
+    assert code == 0 and wall > 1.5
+    assert how == {"cgroup": "cgroup anonymous + shared", "pss": "proportional set sizes"}[reading]
+    # 0.75 GiB and the interpreter; counted twice the shared 512 MiB would make it 1.25
+    assert 0.75 <= peak < 1.0, peak
 
 
 def test_a_job_that_does_not_divide_into_updates_is_refused_in_one_sentence(tmp_path):
