@@ -24,7 +24,8 @@ With ``--fused-adam`` it times the Megatron-Core step with torch's fused CPU Ada
 the weights the two give from the same start. With ``--wgrad-fusion`` it times the step with the
 linear layers' weight gradients added into the gradient buffer by the GEMM (gradient
 accumulation fusion, platform shim 11, the CPU default) against without (a gradient tensor,
-added by DDP's hook).
+added by DDP's hook). With ``--swiglu`` it times the step with the CPU's two-pass SwiGLU backward
+(platform shim 12, the CPU default) against Megatron-Core's own.
 """
 
 from __future__ import annotations
@@ -144,6 +145,13 @@ def wgrad_fusion(actor, batch, on: bool):
     return actor.train_step(batch)
 
 
+def swiglu(actor, batch, backward):
+    from megatron.core.fusions import fused_bias_swiglu
+
+    fused_bias_swiglu.swiglu_back = backward
+    return actor.train_step(batch)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequences", type=int, default=8)
@@ -159,13 +167,17 @@ def main():
                         help="Megatron-Core step with torch's fused CPU Adam against its default")
     parser.add_argument("--wgrad-fusion", action="store_true",
                         help="Megatron-Core step with gradient accumulation fusion against without")
+    parser.add_argument("--swiglu", action="store_true",
+                        help="Megatron-Core step with the CPU's SwiGLU backward against its own")
     parser.add_argument("--share-prompts", type=int, default=None, metavar="G",
                         help="groups of G sequences share a prompt: the step with "
                              "parallel.share_prompts against without")
     args = parser.parse_args()
 
+    from megatron.core.fusions import fused_bias_swiglu
     from transformers import AutoModelForCausalLM
 
+    megatron_swiglu_back = fused_bias_swiglu.swiglu_back  # before the actor's shims replace it
     from megatron_rlep.actor.actor import Actor
     from megatron_rlep.config import AlgorithmConfig
 
@@ -196,6 +208,10 @@ def main():
     elif args.wgrad_fusion:
         steps = (("wgrad_fusion", lambda: wgrad_fusion(actor, batch, True)),
                  ("wgrad_unfused", lambda: wgrad_fusion(actor, batch, False)))
+    elif args.swiglu:
+        two_pass = fused_bias_swiglu.swiglu_back
+        steps = (("swiglu_two_pass", lambda: swiglu(actor, batch, two_pass)),
+                 ("swiglu_megatron", lambda: swiglu(actor, batch, megatron_swiglu_back)))
     elif args.share_prompts:
         steps = (("shared", lambda: shared(True)), ("plain", lambda: shared(False)))
     elif args.compile:

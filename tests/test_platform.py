@@ -106,3 +106,39 @@ def test_the_trainer_runs_again_with_its_cpu_runtime_preloaded(given, openmp, ma
                          env=env, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(openmp), str(malloc), "None", "False", blocktime]
+
+
+SWIGLU = """
+import torch
+from megatron_rlep import platform
+platform.install_cpu_shims()
+from megatron.core.fusions import fused_bias_swiglu as f
+torch.manual_seed(0)
+for dtype, tol in ((torch.float32, 2e-6), (torch.bfloat16, 2e-2)):
+    y = torch.randn(6, 5, 2 * 48, dtype=dtype, requires_grad=True)
+    bias = torch.randn(2 * 48, dtype=dtype, requires_grad=True)
+    g = torch.randn(6, 5, 48, dtype=dtype)
+    y1, y2 = torch.chunk(y.double(), 2, -1)
+    ref, = torch.autograd.grad((torch.nn.functional.silu(y1) * y2 * g.double()).sum(), y)
+    got, = torch.autograd.grad((f.SwiGLUFunction.apply(y, False, False) * g).sum(), y)
+    biased, = torch.autograd.grad((f.BiasSwiGLUFunction.apply(y - bias.detach(), bias, False, False)
+                                   * g).sum(), y)
+    for name, grad in (("plain", got), ("biased", biased)):
+        err = ((grad.double() - ref).abs().max() / ref.abs().max()).item()
+        print("SWIGLU", dtype, name, err < tol, err)
+print("SHIM", f.swiglu_back.__module__)
+"""
+
+
+def test_the_cpu_swiglu_backward_is_the_derivative_of_silu_times_the_gate():
+    """Platform shim 12: Megatron-Core's SwiGLU backward (plain and biased) through the CPU's
+    two-pass version gives the float64 derivative of silu(y1) * y2 in fp32 and bf16."""
+    result = subprocess.run([sys.executable, "-c", SWIGLU], capture_output=True, text=True,
+                            timeout=scaled(300), env=env([sys.executable]),
+                            cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.startswith("SWIGLU")]
+    assert [(dtype, name, ok) for _, dtype, name, ok, _ in lines] == [
+        ("torch.float32", "plain", "True"), ("torch.float32", "biased", "True"),
+        ("torch.bfloat16", "plain", "True"), ("torch.bfloat16", "biased", "True")], lines
+    assert "SHIM megatron_rlep.platform" in result.stdout
