@@ -3,7 +3,7 @@
     pip install -e ".[bench]"     # TRL, pinned; never one of the trainer's own dependencies
     python benchmarks/peer_trl.py [--steps 8] [--eval-at 4 8] \
         [--modes ours trl ours-transformers ours-rollout-logp ours-compiled trl-vllm] \
-        [--out runs/peer-trl] [--seed 1] \
+        [--rounds 1] [--out runs/peer-trl] [--seed 1] \
         [--model smollm2-135m] [--precision fp32]
 
 The job (``experiment=cpu_demo`` without replay): the built-in model (``--model``), arithmetic
@@ -23,7 +23,8 @@ Modes: ``ours`` (vLLM rollouts), ``ours-transformers`` (the transformers engine)
 instead of a forward pass: ``algorithm.old_logp=rollout``), ``ours-compiled`` (the same with
 vLLM's model compiled: ``rollout.cpu_compile=true``), ``trl`` (its transformers
 generation), ``trl-vllm`` (its colocated vLLM mode). Each runs as a process of its
-own, one after another in the order given with nothing else running, and its whole process
+own, one after another in the order given with nothing else running (``--rounds``: the modes in
+turn, so many times, each mode's figures over all its rounds), and its whole process
 tree's memory is sampled (the peak): in a memory cgroup of its own where one can be made,
 the anonymous and shared memory charged to it, each page once, every 0.05 s; elsewhere the
 sum of the processes' proportional set sizes every 0.2 s, which slows the trainer measured
@@ -322,6 +323,36 @@ def watched(argv: list[str], log: Path) -> tuple[int, float, float, str]:
         "cgroup anonymous + shared" if group else "proportional set sizes"
 
 
+def record(args, argv, mode: str, round_: int, run: dict) -> None:
+    """Train ``mode`` once more (its round ``round_``) in a process of its own, and fold it
+    into ``run``: the step figures over the timed steps of every round so far, the largest peak,
+    the median whole run; the first round's policies are the ones evaluated."""
+    if "error" in run:
+        return
+    out = args.out if round_ == 0 else args.out / f"round-{round_}"
+    print(f"[peer] {mode}: training {args.steps} steps (round {round_ + 1} of {args.rounds})",
+          flush=True)
+    log = out / f"{mode}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    code, wall, peak, memory = watched([sys.executable, __file__, *(argv or sys.argv[1:]),
+                                        "--out", str(out), "--run", mode], log)
+    timing = out / mode / "timing.json"
+    if code or not timing.is_file():
+        lines = log.read_text(errors="replace").splitlines()
+        errors = [ln.strip() for ln in lines if re.search(r"\w+(Error|Exception)\b:", ln)]
+        run.clear()
+        run.update(error=errors[-1] if errors else f"exit status {code}", log=str(log))
+        print(f"[peer] {mode} failed: {run['error']}", flush=True)
+        return
+    done = json.loads(timing.read_text())
+    rounds = run.setdefault("rounds", [])
+    rounds.append({"steps": done["steps"], "peak_gib": peak, "wall_s": wall})
+    run.update(figures=figures([r["steps"] for r in rounds]), memory=memory,
+               peak_gib=max(r["peak_gib"] for r in rounds),
+               wall_s=statistics.median(r["wall_s"] for r in rounds),
+               precision=done["precision"], policies=run.get("policies", done["policies"]))
+
+
 def evaluate(args, policy: str, out: Path) -> dict[str, float]:
     """{question id: accuracy} of a policy on the demo's held-out questions."""
     from megatron_rlep import paired
@@ -339,9 +370,10 @@ def evaluate(args, policy: str, out: Path) -> dict[str, float]:
     return paired.question_accuracy(rows)
 
 
-def figures(steps: list[dict]) -> dict:
-    later = steps[1:] or steps  # the first step pays for start-up work
-    med = {k: statistics.median(s[k] for s in later) for k in steps[0]}
+def figures(rounds: list[list[dict]]) -> dict:
+    """Medians over every round's steps after its first (which pays for start-up work)."""
+    later = [s for steps in rounds for s in (steps[1:] or steps)]
+    med = {k: statistics.median(s[k] for s in later) for k in later[0]}
     rest = med["step_s"] - med["generation_s"]
     return {"step_s": med["step_s"], "generation_s": med["generation_s"], "rest_s": rest,
             "generated_tokens_per_s": med["generated_tokens"] / max(med["generation_s"], 1e-9),
@@ -409,9 +441,13 @@ def main(argv=None) -> int:
                    help="the built-in model (default) or a Hugging Face model directory")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="both trainers: fp32, or bf16 mixed precision")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="train every mode this many times, the modes in turn each round")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "peer-trl")
     p.add_argument("--run", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.prompts % args.per_update or max(args.eval_at) > args.steps or \
             any(s % min(args.eval_at) for s in args.eval_at) or args.steps % min(args.eval_at):
         p.error("--prompts must be a multiple of --per-update, and --steps and every --eval-at "
@@ -431,28 +467,14 @@ def main(argv=None) -> int:
     except ImportError:
         p.error('TRL is not installed: pip install -e ".[bench]" (TRL ' + TRL_VERSION + ")")
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"job": job(args), "modes": args.modes, "trl": trl.__version__, "runs": {},
+    result = {"job": job(args), "modes": args.modes, "rounds": args.rounds,
+              "trl": trl.__version__, "runs": {},
               "differences": DIFFERENCES, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "eval": {"questions": args.eval_questions, "samples": args.eval_samples}}
-    for mode in args.modes:
-        print(f"[peer] {mode}: training {args.steps} steps", flush=True)
-        log = args.out / f"{mode}.log"
-        code, wall, peak, memory = watched([sys.executable, __file__, *(argv or sys.argv[1:]),
-                                            "--out", str(args.out), "--run", mode], log)
-        timing = args.out / mode / "timing.json"
-        if code or not timing.is_file():
-            lines = log.read_text(errors="replace").splitlines()
-            errors = [ln.strip() for ln in lines if re.search(r"\w+(Error|Exception)\b:", ln)]
-            result["runs"][mode] = {"error": errors[-1] if errors else f"exit status {code}",
-                                    "log": str(log)}
-            print(f"[peer] {mode} failed: {result['runs'][mode]['error']}", flush=True)
-            continue
-        run = json.loads(timing.read_text())
-        result["runs"][mode] = {"figures": figures(run["steps"]), "peak_gib": peak,
-                                "memory": memory, "wall_s": wall, "steps": run["steps"],
-                                "precision": run["precision"],
-                                "policies": run["policies"]}
+    for round_ in range(args.rounds):  # the modes in turn, round after round
+        for mode in args.modes:
+            record(args, argv, mode, round_, result["runs"].setdefault(mode, {}))
     print("[peer] evaluating the policies", flush=True)
     from megatron_rlep import paired
     from megatron_rlep.builtin_model import resolve_model_path
