@@ -113,7 +113,7 @@ def test_the_readme_walk_runs_on_one_cpu_node(cluster, tmp_path):
                           capture_output=True, text=True, timeout=scaled(300))
     assert done.returncode == 0, done.stdout + done.stderr
     deadline = time.time() + scaled(1500)
-    while cluster.run("squeue", "-h", "-o", "%i") and time.time() < deadline:
+    while cluster.queued() and time.time() < deadline:
         time.sleep(2)
     logs = {p.name: p.read_text() for p in sorted(rlep.glob("slurm-*.out"))}
     states = {name: cluster.job_field(name.rsplit("-", 1)[1][:-4], "JobState") for name in logs}

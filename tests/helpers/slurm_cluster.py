@@ -208,17 +208,25 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
     def job_state(self, job: str) -> str:
         return self.job_field(job, "JobState")
 
-    def job_field(self, job: str, name: str) -> str:
-        """One field of ``scontrol show job``; asked up to three times, since a slurmctld
-        busy on a loaded machine may answer a query with an error and no words."""
-        for _ in range(3):
+    def query(self, *args: str, tries: int = 3) -> str:
+        """A read-only client command (squeue, scontrol show), asked up to ``tries`` times:
+        a slurmctld busy on a loaded machine may answer one with an error and no words."""
+        for attempt in range(tries):
             try:
-                out = self.run("scontrol", "show", "job", job, "-o")
-                return next(f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}="))
-            except RuntimeError as err:
-                error = err
+                return self.run(*args)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                if attempt == tries - 1:
+                    raise
                 time.sleep(2)
-        raise error
+
+    def queued(self) -> list[str]:
+        """The ids of the jobs still pending or running."""
+        return self.query("squeue", "-h", "-o", "%i").split()
+
+    def job_field(self, job: str, name: str) -> str:
+        """One field of ``scontrol show job``."""
+        out = self.query("scontrol", "show", "job", job, "-o")
+        return next(f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}="))
 
     def wait(self, job: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                      "OUT_OF_MEMORY", "PREEMPTED"), timeout: float = 900) -> str:
