@@ -17,7 +17,7 @@ with ``parallel.share_prompts`` (each prompt computed once per micro-batch row) 
 Every run also counts the Megatron-Core step's floating-point work (``step_flops``: what it
 computes, so a shared prompt counts once per micro-batch row) and divides its rate by this
 CPU's measured peak (``peak_flops``: the best of five 4096 x 4096 fp32 matrix products on the
-same threads).
+same threads, by MKL or oneDNN).
 
 With ``--fused-adam`` it times the Megatron-Core step with torch's fused CPU Adam kernel
 (platform.fused_cpu_adam) against torch's default CPU Adam, and reports the largest difference of
@@ -25,7 +25,10 @@ the weights the two give from the same start. With ``--wgrad-fusion`` it times t
 linear layers' weight gradients added into the gradient buffer by the GEMM (gradient
 accumulation fusion, platform shim 11, the CPU default) against without (a gradient tensor,
 added by DDP's hook). With ``--swiglu`` it times the step with the CPU's two-pass SwiGLU backward
-(platform shim 12, the CPU default) against Megatron-Core's own.
+(platform shim 12, the CPU default) against Megatron-Core's own. With ``--onednn`` it times the
+step with the linear layers' products by oneDNN (platform shim 13, the default on a CPU not
+Intel's) against Megatron-Core's own function (MKL), and reports the largest difference of the
+weights the two give from the same start.
 """
 
 from __future__ import annotations
@@ -101,20 +104,25 @@ def step_flops(config, sequences: int, prompt: int, response: int, micro_batch_s
 
 
 def peak_flops(repeats: int = 5) -> float:
-    """The best fp32 matrix-product rate of this CPU on torch's threads (FLOP/s)."""
+    """The best fp32 matrix-product rate of this CPU on torch's threads (FLOP/s), by MKL
+    (``torch.mm``) or oneDNN, whichever is faster here (on AMD CPUs oneDNN, platform shim 13)."""
     a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
-    torch.mm(a, b)
+    products = [lambda: torch.mm(a, b)]
+    if torch.backends.mkldnn.is_available():
+        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
     best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
+    for product in products:
+        product()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - start)
     return 2 * 4096**3 / best
 
 
-def adam_difference(actor, batch) -> float:
-    """The largest weight difference after one step with the fused and one with the default
-    Adam, both from the same weights and optimizer state."""
+def weights_after(actor, steps) -> float:
+    """The largest weight difference after one step by each of the two ``steps``, both from
+    the same weights and optimizer state."""
     import copy
 
     params = list(actor.model.parameters())
@@ -122,34 +130,15 @@ def adam_difference(actor, batch) -> float:
                                                 [actor.optimizer])]
     start = [p.detach().clone() for p in params]
     states = [copy.deepcopy(o.state_dict()) for o in inner]
-    after = {}
-    for fused in (True, False):
+    after = []
+    for _, run in steps:
         for p, s in zip(params, start):
             p.data.copy_(s)
         for o, state in zip(inner, states):
             o.load_state_dict(copy.deepcopy(state))
-        adam(actor, batch, fused)
-        after[fused] = [p.detach().clone() for p in params]
-    return max(float((a - b).abs().max()) for a, b in zip(after[True], after[False]))
-
-
-def adam(actor, batch, fused: bool):
-    actor.fused_adam = fused
-    return actor.train_step(batch)
-
-
-def wgrad_fusion(actor, batch, on: bool):
-    for module in actor.module.modules():
-        if hasattr(module, "gradient_accumulation_fusion"):
-            module.gradient_accumulation_fusion = on
-    return actor.train_step(batch)
-
-
-def swiglu(actor, batch, backward):
-    from megatron.core.fusions import fused_bias_swiglu
-
-    fused_bias_swiglu.swiglu_back = backward
-    return actor.train_step(batch)
+        run()
+        after.append([p.detach().clone() for p in params])
+    return max(float((a - b).abs().max()) for a, b in zip(*after))
 
 
 def main():
@@ -169,6 +158,8 @@ def main():
                         help="Megatron-Core step with gradient accumulation fusion against without")
     parser.add_argument("--swiglu", action="store_true",
                         help="Megatron-Core step with the CPU's SwiGLU backward against its own")
+    parser.add_argument("--onednn", action="store_true",
+                        help="Megatron-Core step with the products by oneDNN against MKL")
     parser.add_argument("--share-prompts", type=int, default=None, metavar="G",
                         help="groups of G sequences share a prompt: the step with "
                              "parallel.share_prompts against without")
@@ -212,6 +203,17 @@ def main():
         two_pass = fused_bias_swiglu.swiglu_back
         steps = (("swiglu_two_pass", lambda: swiglu(actor, batch, two_pass)),
                  ("swiglu_megatron", lambda: swiglu(actor, batch, megatron_swiglu_back)))
+    elif args.onednn:
+        from megatron.core.tensor_parallel import layers
+        from megatron_rlep import platform
+
+        megatron_linear = layers.linear_with_grad_accumulation_and_async_allreduce
+        megatron_linear = getattr(megatron_linear, "megatron", megatron_linear)
+        if megatron_linear is layers.linear_with_grad_accumulation_and_async_allreduce:
+            platform._linear_products_through_onednn()  # an Intel CPU: not on by default
+        onednn = layers.linear_with_grad_accumulation_and_async_allreduce
+        steps = (("onednn", lambda: linear_function(actor, batch, onednn)),
+                 ("mkl", lambda: linear_function(actor, batch, megatron_linear)))
     elif args.share_prompts:
         steps = (("shared", lambda: shared(True)), ("plain", lambda: shared(False)))
     elif args.compile:
@@ -249,8 +251,8 @@ def main():
                        "gflop_per_s": flops / result[first_megatron]["median_s"] / 1e9,
                        "peak_gflop_per_s": peak / 1e9,
                        "share_of_peak": flops / result[first_megatron]["median_s"] / peak}
-    if args.fused_adam:
-        result["weights_max_difference"] = adam_difference(actor, batch)
+    if args.fused_adam or args.onednn:
+        result["weights_max_difference"] = weights_after(actor, steps)
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
                        "response": args.response, "micro_batch_size": args.micro_batch_size,
                        "threads": torch.get_num_threads(), "repeats": args.repeats,

@@ -142,3 +142,76 @@ def test_the_cpu_swiglu_backward_is_the_derivative_of_silu_times_the_gate():
         ("torch.float32", "plain", "True"), ("torch.float32", "biased", "True"),
         ("torch.bfloat16", "plain", "True"), ("torch.bfloat16", "biased", "True")], lines
     assert "SHIM megatron_rlep.platform" in result.stdout
+
+
+ONEDNN = """
+import torch
+from megatron_rlep import platform
+platform.init_distributed(1, 1)
+from megatron.core.tensor_parallel import layers
+on_by_default = hasattr(layers.linear_with_grad_accumulation_and_async_allreduce, "megatron")
+print("DEFAULT", on_by_default, not platform._intel_cpu())
+if not on_by_default:
+    platform._linear_products_through_onednn()
+linear = layers.linear_with_grad_accumulation_and_async_allreduce
+torch.manual_seed(0)
+x0, w0, b0, g = torch.randn(7, 3, 40), torch.randn(24, 40), torch.randn(24), torch.randn(7, 3, 24)
+start = torch.randn(24, 40)  # a gradient already in the buffer: the product adds to it
+y_ref = x0.double() @ w0.double().t() + b0.double()
+g2, x2 = g.double().flatten(0, 1), x0.double().flatten(0, 1)
+dx_ref, dw_ref, db_ref = g.double() @ w0.double(), g2.t() @ x2, g2.sum(0)
+rel = lambda a, b: ((a.double() - b).abs().max() / b.abs().max()).item()
+route = lambda y: type(y.grad_fn.next_functions[0][0] if type(y.grad_fn).__name__ ==
+                       "ViewBackward0" else y.grad_fn).__name__  # the function that made y
+for fusion in (True, False):
+    x = x0.clone().requires_grad_()
+    w, b = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(b0.clone())
+    w.main_grad, w.grad_added_to_main_grad = start.clone(), False
+    y = linear(input=x, weight=w, bias=b, gradient_accumulation_fusion=fusion,
+               allreduce_dgrad=False, sequence_parallel=False, grad_output_buffer=None)
+    made_by = route(y)
+    y.mul_(1.0)  # changed in place, as Megatron-Core's cross entropy does the logits
+    y.backward(g)
+    wgrad = w.main_grad - start if fusion else w.grad
+    print("ONEDNN", fusion, made_by, max(rel(y, y_ref), rel(x.grad, dx_ref),
+          rel(wgrad, dw_ref), rel(b.grad, db_ref)) < 1e-5, fusion == w.grad_added_to_main_grad)
+# in chunks under activation checkpointing (the actor's log-prob chunks): every chunk's product
+w = torch.nn.Parameter(w0.clone())
+w.main_grad, w.grad_added_to_main_grad = start.clone(), False
+step = lambda part: linear(input=part, weight=w, bias=None, gradient_accumulation_fusion=True,
+                           allreduce_dgrad=False, sequence_parallel=False)
+x = x0.clone().requires_grad_()
+torch.cat([torch.utils.checkpoint.checkpoint(step, x[i:i + 3], use_reentrant=False)
+           for i in range(0, 7, 3)]).backward(g)
+print("CHUNKS", rel(w.main_grad - start, dw_ref) < 1e-5, rel(x.grad, dx_ref) < 1e-5)
+x = x0.clone().requires_grad_()  # TP's input-gradient all-reduce: Megatron-Core's own function
+y = linear(input=x, weight=torch.nn.Parameter(w0.clone()), bias=None,
+           gradient_accumulation_fusion=False, allreduce_dgrad=True, sequence_parallel=False)
+print("FALLBACK", route(y), rel(y, y_ref - b0.double()) < 1e-5)
+x = torch.randn(0, 2, 40, requires_grad=True)  # an empty micro-batch
+linear(input=x, weight=torch.nn.Parameter(w0.clone()), bias=None,
+       gradient_accumulation_fusion=False, allreduce_dgrad=False,
+       sequence_parallel=False).sum().backward()
+print("EMPTY", x.grad.shape)
+platform.destroy_distributed()
+"""
+
+
+def test_the_linear_products_through_onednn_are_megatrons():
+    """Platform shim 13 (on by default where the CPU is not Intel's): the forward, input, weight
+    (added into main_grad, or as a gradient) and bias gradients of Megatron-Core's linear
+    function, to fp32 rounding of the float64 products, also in checkpointed chunks; TP's
+    all-reduce case keeps Megatron's."""
+    result = subprocess.run([sys.executable, "-c", ONEDNN], capture_output=True, text=True,
+                            timeout=scaled(300), env=env([sys.executable]),
+                            cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.split() for line in result.stdout.splitlines()]
+    default = [line for line in lines if line[0] == "DEFAULT"]
+    assert default and default[0][1] == default[0][2], default  # on exactly where not Intel's
+    assert [line for line in lines if line[0] in ("ONEDNN", "CHUNKS", "FALLBACK", "EMPTY")] == [
+        ["ONEDNN", "True", "_OneDnnLinearBackward", "True", "True"],
+        ["ONEDNN", "False", "_OneDnnLinearBackward", "True", "True"],
+        ["CHUNKS", "True", "True"],
+        ["FALLBACK", "LinearWithGradAccumulationAndAsyncCommunicationBackward", "True"],
+        ["EMPTY", "torch.Size([0,", "2,", "40])"]], lines

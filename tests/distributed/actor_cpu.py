@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rlep import platform
+
 VOCAB = 256
 
 
@@ -206,11 +208,9 @@ def step(model_dir, tp, pp, out, ep=1, mode="full"):
         diff = max((a - b).abs().max().item() for a, b in zip(gradients(actor, batch), plain_grads))
         assert diff < 1e-5, f"gradients differ by {diff} with full recompute and log-prob chunks"
     if tp > 1 and not moe_sp:  # sequence parallelism: transformers' log-probs, a plain actor's gradients
-        from megatron.core import parallel_state
-
         grads = []
         for sequence_parallel in (False, True):
-            parallel_state.destroy_model_parallel()
+            platform.reset_model_parallel()
             fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3,
                           sequence_parallel=sequence_parallel, expert_parallel=ep)
             grads.append(gradients(fresh, batch))
@@ -221,13 +221,11 @@ def step(model_dir, tp, pp, out, ep=1, mode="full"):
         diff = max((a - b).abs().max().item() for a, b in zip(*grads))
         assert diff < 1e-5, f"gradients differ by {diff} with sequence parallelism"
     if full:  # shared prompts, packed sequences, old log-probs from the update's forward
-        from megatron.core import parallel_state
-
         grouped = grouped_batch(lambda b: reference_logp(model_dir, b)[0])
         reference = reference_logp(model_dir, grouped)[0]
         grads = []
         for mode in ("plain", "pack", "share"):
-            parallel_state.destroy_model_parallel()
+            platform.reset_model_parallel()
             fresh = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3, expert_parallel=ep,
                           share_prompts=mode == "share", pack_sequences=mode == "pack",
                           sequence_parallel=(mode != "plain" or moe_sp) and tp > 1)
@@ -278,7 +276,7 @@ def offload(model_dir):
     weights = {}
     for offloaded in (False, True):
         if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
+            platform.reset_model_parallel()
         actor = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3)
         batch = fixed_batch(lambda b: reference_logp(model_dir, b)[0])
         actor.train_step(batch)
@@ -300,7 +298,6 @@ def resume(model_dir, out):
     """The distributed optimizer (Adam's state sharded over the data-parallel ranks): one update
     (written as in ``step``, for the test to hold against the plain optimizer's), then a save,
     and a fresh actor that loads it takes the second update exactly as the run that went on."""
-    from megatron.core import parallel_state
     from safetensors.torch import save_file
 
     from megatron_rlep.actor.actor import Actor
@@ -317,7 +314,7 @@ def resume(model_dir, out):
     actor.save(out / "ckpt")
     actor.train_step(batch)
     went_on = weights(actor)
-    parallel_state.destroy_model_parallel()
+    platform.reset_model_parallel()
     resumed = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3, distributed_optimizer=True)
     resumed.load(out / "ckpt")
     assert resumed.step == 1
@@ -406,7 +403,7 @@ if __name__ == "__main__":
         from megatron.core import parallel_state
 
         if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
+            platform.reset_model_parallel()
         if command == "make":
             make(*args)
         elif command == "step":

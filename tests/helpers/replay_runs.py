@@ -22,8 +22,7 @@ def overrides(model: str, pool: str, run_dir: Path, steps: int, extra: list[str]
 
 
 def main(out: str, model: str, pool: str, settings: str) -> None:
-    from megatron.core import parallel_state
-
+    from megatron_rlep import platform
     from megatron_rlep.config import compose
     from megatron_rlep.train import Trainer
 
@@ -31,7 +30,7 @@ def main(out: str, model: str, pool: str, settings: str) -> None:
         for run, steps in (("straight", 2), ("resumed", 1), ("resumed", 2)):
             cfg = compose(overrides(model, pool, Path(out) / name / run, steps, extra))
             Trainer(cfg).run()
-            parallel_state.destroy_model_parallel()
+            platform.reset_model_parallel()
         print(f"OK {name}", flush=True)
 
 
