@@ -120,6 +120,32 @@ def peak_flops(repeats: int = 5) -> float:
     return 2 * 4096**3 / best
 
 
+def adam(actor, batch, fused: bool):
+    actor.fused_adam = fused
+    return actor.train_step(batch)
+
+
+def wgrad_fusion(actor, batch, on: bool):
+    for module in actor.module.modules():
+        if hasattr(module, "gradient_accumulation_fusion"):
+            module.gradient_accumulation_fusion = on
+    return actor.train_step(batch)
+
+
+def swiglu(actor, batch, backward):
+    from megatron.core.fusions import fused_bias_swiglu
+
+    fused_bias_swiglu.swiglu_back = backward
+    return actor.train_step(batch)
+
+
+def linear_function(actor, batch, function):
+    from megatron.core.tensor_parallel import layers
+
+    layers.linear_with_grad_accumulation_and_async_allreduce = function
+    return actor.train_step(batch)
+
+
 def weights_after(actor, steps) -> float:
     """The largest weight difference after one step by each of the two ``steps``, both from
     the same weights and optimizer state."""

@@ -54,7 +54,7 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
    weight gradient stays MKL's ``addmm_`` (11), faster even there. fp32 only; sequence
    parallelism, TP's input-gradient all-reduce and deferred weight gradients keep Megatron-Core's
    own function. The same products to fp32 rounding; on an AVX-512 AMD EPYC the demo's update
-   1.xx faster (benchmarks/actor_step.py ``--onednn``).
+   1.08-1.12x faster (benchmarks/actor_step.py ``--onednn``, benchmarks/cpu_gemm.py).
 
 This module must not import anything from the rest of the package: everything else reads
 only ``device()``, ``compute_dtype()``, ``backend()``, ``layer_spec()`` and
