@@ -48,12 +48,13 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
    backward is a dozen element-wise operations and a concatenation; here it is torch's SiLU
    backward kernel and one product, written into the gradient's two halves: the same
    gradient to 2e-6, the demo's update 1.07x faster (benchmarks/actor_step.py ``--swiglu``).
-13. ``_linear_products_through_onednn``: on a CPU that is not Intel's, MKL (torch's matrix
+13. ``_linear_products_through_onednn`` (opt-in, ``MEGATRON_RLEP_ONEDNN=1``: one layout
+   comparison of the test suite, llama3 at TP 2 against one process, fails with it under the
+   suite's runner and is not yet understood): on a CPU that is not Intel's, MKL (torch's matrix
    products) does not run its fastest kernels, oneDNN (the library vLLM's CPU build uses)
    does: the linear layers' forward and input-gradient products go through oneDNN there, the
    weight gradient stays MKL's ``addmm_`` (11), faster even there. fp32 only; sequence
-   parallelism, TP's input-gradient all-reduce and deferred weight gradients keep Megatron-Core's
-   own function. The same products to fp32 rounding; on an AVX-512 AMD EPYC the demo's update
+   parallelism and deferred weight gradients keep Megatron-Core's own function. The same products to fp32 rounding; on an AVX-512 AMD EPYC the demo's update
    1.08-1.12x faster (benchmarks/actor_step.py ``--onednn``, benchmarks/cpu_gemm.py).
 
 This module must not import anything from the rest of the package: everything else reads
@@ -247,7 +248,8 @@ def install_cpu_shims() -> None:
     _allow_sequence_parallel_norms()
     _accumulate_weight_gradients_on_cpu()
     _swiglu_backward_in_two_passes()
-    if not _intel_cpu() and torch.backends.mkldnn.is_available():
+    if os.environ.get("MEGATRON_RLEP_ONEDNN") == "1" and not _intel_cpu() and \
+            torch.backends.mkldnn.is_available():
         _linear_products_through_onednn()
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     # activation recompute saves and restores the CUDA generator beside the CPU one: none here
@@ -314,9 +316,9 @@ class _OneDnnLinear(torch.autograd.Function):
     checkpointing can hand the backward a detached alias of the weight, without ``main_grad``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, fusion):
+    def forward(ctx, x, weight, bias, fusion, tp_group):
         ctx.save_for_backward(x, weight)
-        ctx.param, ctx.with_bias = weight, bias is not None
+        ctx.param, ctx.with_bias, ctx.tp_group = weight, bias is not None, tp_group
         ctx.main_grad = weight.main_grad if fusion and hasattr(weight, "main_grad") else None
         return _onednn(x, weight, bias)
 
@@ -324,6 +326,9 @@ class _OneDnnLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         grad = grad.contiguous()
+        grad_x = _onednn(grad, weight.t())
+        if ctx.tp_group is not None:  # column-parallel at TP > 1: the input gradient summed
+            summed = dist.all_reduce(grad_x, group=ctx.tp_group, async_op=True)
         grad_weight = None
         if ctx.main_grad is None:
             grad_weight = grad.t() @ x
@@ -333,7 +338,9 @@ class _OneDnnLinear(torch.autograd.Function):
                 make = torch.zeros if getattr(ctx.param, "zero_out_wgrad", False) else torch.empty
                 grad_weight = make(ctx.main_grad.shape, dtype=x.dtype)
                 ctx.param.grad_added_to_main_grad = True
-        return _onednn(grad, weight.t()), grad_weight, grad.sum(0) if ctx.with_bias else None, None
+        if ctx.tp_group is not None:
+            summed.wait()
+        return grad_x, grad_weight, grad.sum(0) if ctx.with_bias else None, None, None
 
 
 def _linear_products_through_onednn() -> None:
@@ -344,15 +351,20 @@ def _linear_products_through_onednn() -> None:
 
     def linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                sequence_parallel, grad_output_buffer=None, **rest):
-        if sequence_parallel or allreduce_dgrad or grad_output_buffer is not None or \
+        if sequence_parallel or grad_output_buffer is not None or \
                 input.dtype != torch.float32 or weight.dtype != torch.float32:
             return megatron_linear(input, weight, bias, gradient_accumulation_fusion,
                                    allreduce_dgrad, sequence_parallel,
                                    grad_output_buffer=grad_output_buffer, **rest)
         # rows in, rows out: the reshapes outside the function, so that the output is no view
         # made inside it (the loss's cross entropy works on the logits in place)
+        tp_group = None
+        if allreduce_dgrad:
+            from megatron.core import parallel_state
+
+            tp_group = rest.get("tp_group") or parallel_state.get_tensor_model_parallel_group()
         rows = _OneDnnLinear.apply(input.reshape(-1, input.shape[-1]), weight, bias,
-                                   gradient_accumulation_fusion)
+                                   gradient_accumulation_fusion, tp_group)
         return rows.view(*input.shape[:-1], weight.shape[0])
 
     linear.megatron = megatron_linear

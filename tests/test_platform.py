@@ -184,9 +184,14 @@ x = x0.clone().requires_grad_()
 torch.cat([torch.utils.checkpoint.checkpoint(step, x[i:i + 3], use_reentrant=False)
            for i in range(0, 7, 3)]).backward(g)
 print("CHUNKS", rel(w.main_grad - start, dw_ref) < 1e-5, rel(x.grad, dx_ref) < 1e-5)
-x = x0.clone().requires_grad_()  # TP's input-gradient all-reduce: Megatron-Core's own function
+x = x0.clone().requires_grad_()  # TP's input-gradient all-reduce (over one rank here)
 y = linear(input=x, weight=torch.nn.Parameter(w0.clone()), bias=None,
            gradient_accumulation_fusion=False, allreduce_dgrad=True, sequence_parallel=False)
+y.backward(g)
+print("ALLREDUCE", route(y), rel(y, y_ref - b0.double()) < 1e-5, rel(x.grad, dx_ref) < 1e-5)
+x = x0.clone().requires_grad_()  # sequence parallelism: Megatron-Core's own function
+y = linear(input=x, weight=torch.nn.Parameter(w0.clone()), bias=None,
+           gradient_accumulation_fusion=False, allreduce_dgrad=False, sequence_parallel=True)
 print("FALLBACK", route(y), rel(y, y_ref - b0.double()) < 1e-5)
 x = torch.randn(0, 2, 40, requires_grad=True)  # an empty micro-batch
 linear(input=x, weight=torch.nn.Parameter(w0.clone()), bias=None,
@@ -198,20 +203,21 @@ platform.destroy_distributed()
 
 
 def test_the_linear_products_through_onednn_are_megatrons():
-    """Platform shim 13 (on by default where the CPU is not Intel's): the forward, input, weight
+    """Platform shim 13 (opt-in, on CPUs not Intel's): the forward, input, weight
     (added into main_grad, or as a gradient) and bias gradients of Megatron-Core's linear
-    function, to fp32 rounding of the float64 products, also in checkpointed chunks; TP's
-    all-reduce case keeps Megatron's."""
+    function, to fp32 rounding of the float64 products, also in checkpointed chunks and with TP's
+    input-gradient all-reduce; sequence parallelism keeps Megatron-Core's function."""
     result = subprocess.run([sys.executable, "-c", ONEDNN], capture_output=True, text=True,
-                            timeout=scaled(300), env=env([sys.executable]),
+                            timeout=scaled(300), env=env([sys.executable], MEGATRON_RLEP_ONEDNN="0"),
                             cwd=Path(__file__).parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.splitlines()]
     default = [line for line in lines if line[0] == "DEFAULT"]
-    assert default and default[0][1] == default[0][2], default  # on exactly where not Intel's
-    assert [line for line in lines if line[0] in ("ONEDNN", "CHUNKS", "FALLBACK", "EMPTY")] == [
+    assert default and default[0][1] == "False", default  # opt-in: MEGATRON_RLEP_ONEDNN=1
+    assert [line for line in lines if line[0] in ("ONEDNN", "CHUNKS", "ALLREDUCE", "FALLBACK", "EMPTY")] == [
         ["ONEDNN", "True", "_OneDnnLinearBackward", "True", "True"],
         ["ONEDNN", "False", "_OneDnnLinearBackward", "True", "True"],
         ["CHUNKS", "True", "True"],
+        ["ALLREDUCE", "_OneDnnLinearBackward", "True", "True"],
         ["FALLBACK", "LinearWithGradAccumulationAndAsyncCommunicationBackward", "True"],
         ["EMPTY", "torch.Size([0,", "2,", "40])"]], lines
