@@ -236,7 +236,7 @@ def main():
         megatron_linear = layers.linear_with_grad_accumulation_and_async_allreduce
         megatron_linear = getattr(megatron_linear, "megatron", megatron_linear)
         if megatron_linear is layers.linear_with_grad_accumulation_and_async_allreduce:
-            platform._linear_products_through_onednn()  # opt-in (MEGATRON_RLEP_ONEDNN=1), Intel CPUs never
+            platform._linear_products_through_onednn()  # opt-in, and never on Intel CPUs
         onednn = layers.linear_with_grad_accumulation_and_async_allreduce
         steps = (("onednn", lambda: linear_function(actor, batch, onednn)),
                  ("mkl", lambda: linear_function(actor, batch, megatron_linear)))

@@ -54,8 +54,9 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
    products) does not run its fastest kernels, oneDNN (the library vLLM's CPU build uses)
    does: the linear layers' forward and input-gradient products go through oneDNN there, the
    weight gradient stays MKL's ``addmm_`` (11), faster even there. fp32 only; sequence
-   parallelism and deferred weight gradients keep Megatron-Core's own function. The same products to fp32 rounding; on an AVX-512 AMD EPYC the demo's update
-   1.08-1.12x faster (benchmarks/actor_step.py ``--onednn``, benchmarks/cpu_gemm.py).
+   parallelism and deferred weight gradients keep Megatron-Core's own function. The same
+   products to fp32 rounding; on an AVX-512 AMD EPYC the demo's update 1.08-1.12x faster
+   (benchmarks/actor_step.py ``--onednn``, benchmarks/cpu_gemm.py).
 
 This module must not import anything from the rest of the package: everything else reads
 only ``device()``, ``compute_dtype()``, ``backend()``, ``layer_spec()`` and
@@ -333,7 +334,9 @@ class _OneDnnLinear(torch.autograd.Function):
         if ctx.main_grad is None:
             grad_weight = grad.t() @ x
         else:
-            ctx.main_grad.addmm_(grad.t(), x)
+            from megatron.core.tensor_parallel import layers
+
+            layers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(x, grad, ctx.main_grad)
             if hasattr(ctx.param, "grad_added_to_main_grad"):  # DDP's hook then adds nothing
                 make = torch.zeros if getattr(ctx.param, "zero_out_wgrad", False) else torch.empty
                 grad_weight = make(ctx.main_grad.shape, dtype=x.dtype)
