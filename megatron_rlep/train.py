@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import metrics, rundir, tasks
+from megatron_rlep import metrics, platform, rundir, tasks
 from megatron_rlep.actor import checkpoint as actor_checkpoint
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
@@ -247,8 +247,6 @@ class Trainer:
     def disk_plan(self) -> dict:
         """What the run's checkpoints and export hold on disk (actor/checkpoint.py disk_plan),
         from the checkpoint's headers and the settings, before the model loads."""
-        from megatron_rlep import platform
-
         cfg, log = self.cfg, self.cfg.logging
         distributed = cfg.parallel.distributed_optimizer
         if distributed is None:  # the actor's default: on a GPU with data parallelism
@@ -437,8 +435,6 @@ class Trainer:
 
     def _sync_difference(self) -> float:
         """Largest |log p_engine - log p_actor| over a fixed sequence (temperature 1)."""
-        from megatron_rlep import platform
-
         probe = self._prompt_ids(self.train_set[0])
         ids = torch.tensor([probe])
         actor = torch.log_softmax(self.actor.logits(ids)[0, :-1].float(), -1)
@@ -644,8 +640,6 @@ class Trainer:
 
 def _any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on any rank (every rank calls it)."""
-    from megatron_rlep import platform
-
     value = torch.tensor([float(flag)], device=platform.device())
     if dist.is_initialized():
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
@@ -764,6 +758,7 @@ def main(cfg: Config) -> None:
     Trainer(cfg).run()
     if dist.is_initialized():
         dist.barrier()
+    platform.destroy_distributed()  # NCCL warns of a leak otherwise; a sweep's next job re-inits
 
 
 if __name__ == "__main__":
