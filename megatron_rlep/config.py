@@ -117,6 +117,7 @@ class AlgorithmConfig:
     # false: Megatron's groups, biases and norms undecayed; true: every parameter decayed, as the
     # reference's AdamW over all parameters (the paper presets)
     weight_decay_all: bool = False
+    adam_eps: float = 1e-8  # Adam's epsilon (a gradient element far below it barely moves)
     grad_clip: float = 1.0
     # an update whose gradient norm is not finite is skipped (actor/skipped_updates); this many
     # in a row stop the run with a checkpoint of the weights before them (0: never stop)
@@ -373,7 +374,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.prompts_per_rollout": (1, None), "algorithm.prompts_per_update": (1, None),
     "algorithm.epochs": (1, None), "algorithm.clip_low": (0.0, 1.0),
     "algorithm.clip_high": (0.0, None), "algorithm.dual_clip": (1.0, None),
-    "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None),
+    "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None), "algorithm.adam_eps": (0.0, None),
     "algorithm.warmup_steps": (0, None), "algorithm.max_skipped_updates": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
     "algorithm.total_steps": (0, None), "algorithm.replay.priority_floor": (0.0, 1.0),
     "algorithm.replay.cap": (1, None), "algorithm.pool_min_coverage": (0.0, 1.0),

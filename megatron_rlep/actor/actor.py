@@ -151,7 +151,7 @@ class Actor:
         self.optimizer, self.scheduler = optim.build(
             [self.model], algorithm.lr, algorithm.weight_decay, algorithm.grad_clip,
             algorithm.warmup_steps, algorithm.total_steps, self.dtype, distributed,
-            algorithm.weight_decay_all)
+            algorithm.weight_decay_all, algorithm.adam_eps)
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = self.model.no_sync
         config.grad_scale_func = self.optimizer.scale_loss

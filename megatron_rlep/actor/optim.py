@@ -25,14 +25,15 @@ from megatron_rlep import platform
 
 
 def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int,
-          total_steps: int, dtype: torch.dtype, distributed: bool, decay_all: bool = False):
+          total_steps: int, dtype: torch.dtype, distributed: bool, decay_all: bool = False,
+          adam_eps: float = 1e-8):
     """(optimizer, scheduler) for the DDP-wrapped ``model_chunks``. Biases and norms (Megatron's
     one-dimensional parameters) get no weight decay unless ``decay_all``."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(
         optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
-        adam_beta2=0.999, adam_eps=1e-8, clip_grad=0.0,  # clipped in ``step``
+        adam_beta2=0.999, adam_eps=adam_eps, clip_grad=0.0,  # clipped in ``step``
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
     )
     with platform.cuda_type_names():
