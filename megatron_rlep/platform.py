@@ -48,15 +48,14 @@ Megatron-Core assumes CUDA in a handful of places; each is redirected here and n
    backward is a dozen element-wise operations and a concatenation; here it is torch's SiLU
    backward kernel and one product, written into the gradient's two halves: the same
    gradient to 2e-6, the demo's update 1.07x faster (benchmarks/actor_step.py ``--swiglu``).
-13. ``_linear_products_through_onednn`` (opt-in, ``MEGATRON_RLEP_ONEDNN=1``: one layout
-   comparison of the test suite, llama3 at TP 2 against one process, fails with it under the
-   suite's runner and is not yet understood): on a CPU that is not Intel's, MKL (torch's matrix
-   products) does not run its fastest kernels, oneDNN (the library vLLM's CPU build uses)
-   does: the linear layers' forward and input-gradient products go through oneDNN there, the
-   weight gradient stays MKL's ``addmm_`` (11), faster even there. fp32 only; sequence
-   parallelism and deferred weight gradients keep Megatron-Core's own function. The same
-   products to fp32 rounding; on an AVX-512 AMD EPYC the demo's update 1.08-1.12x faster
-   (benchmarks/actor_step.py ``--onednn``, benchmarks/cpu_gemm.py).
+13. ``_linear_products_through_onednn`` (``MEGATRON_RLEP_ONEDNN=0`` turns it off): on a CPU
+   that is not Intel's, MKL (torch's matrix products) does not run its fastest kernels, oneDNN
+   (the library vLLM's CPU build uses) does: the linear layers' forward and input-gradient
+   products go through oneDNN there, the weight gradient stays MKL's ``addmm_`` (11), faster
+   even there. fp32 only; sequence parallelism and deferred weight gradients keep
+   Megatron-Core's own function. The same products to fp32 rounding; on an AVX-512 AMD EPYC
+   the demo's update 1.08-1.12x faster (benchmarks/actor_step.py ``--onednn``,
+   benchmarks/cpu_gemm.py).
 
 This module must not import anything from the rest of the package: everything else reads
 only ``device()``, ``compute_dtype()``, ``backend()``, ``layer_spec()`` and
@@ -249,7 +248,7 @@ def install_cpu_shims() -> None:
     _allow_sequence_parallel_norms()
     _accumulate_weight_gradients_on_cpu()
     _swiglu_backward_in_two_passes()
-    if os.environ.get("MEGATRON_RLEP_ONEDNN") == "1" and not _intel_cpu() and \
+    if os.environ.get("MEGATRON_RLEP_ONEDNN", "1") != "0" and not _intel_cpu() and \
             torch.backends.mkldnn.is_available():
         _linear_products_through_onednn()
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()

@@ -203,17 +203,24 @@ platform.destroy_distributed()
 
 
 def test_the_linear_products_through_onednn_are_megatrons():
-    """Platform shim 13 (opt-in, on CPUs not Intel's): the forward, input, weight
-    (added into main_grad, or as a gradient) and bias gradients of Megatron-Core's linear
-    function, to fp32 rounding of the float64 products, also in checkpointed chunks and with TP's
-    input-gradient all-reduce; sequence parallelism keeps Megatron-Core's function."""
-    result = subprocess.run([sys.executable, "-c", ONEDNN], capture_output=True, text=True,
-                            timeout=scaled(300), env=env([sys.executable], MEGATRON_RLEP_ONEDNN="0"),
-                            cwd=Path(__file__).parent.parent)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line.split() for line in result.stdout.splitlines()]
+    """Platform shim 13 (on CPUs not Intel's, unless MEGATRON_RLEP_ONEDNN=0): the forward,
+    input, weight (added into main_grad, or as a gradient) and bias gradients of Megatron-Core's
+    linear function, to fp32 rounding of the float64 products, also in checkpointed chunks and
+    with TP's input-gradient all-reduce; sequence parallelism keeps Megatron-Core's function."""
+    def start(script, setting):
+        environment = env([sys.executable])
+        environment.pop("MEGATRON_RLEP_ONEDNN", None)
+        environment.update({"MEGATRON_RLEP_ONEDNN": setting} if setting else {})
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=scaled(300), env=environment, cwd=Path(__file__).parent.parent)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [line.split() for line in done.stdout.splitlines()]
+
+    off = start(ONEDNN.split("if not on_by_default")[0], "0")
+    assert [line for line in off if line[0] == "DEFAULT"][0][1] == "False", off
+    lines = start(ONEDNN, None)
     default = [line for line in lines if line[0] == "DEFAULT"]
-    assert default and default[0][1] == "False", default  # opt-in: MEGATRON_RLEP_ONEDNN=1
+    assert default and default[0][1] == default[0][2], default  # on where the CPU is not Intel's
     assert [line for line in lines if line[0] in ("ONEDNN", "CHUNKS", "ALLREDUCE", "FALLBACK", "EMPTY")] == [
         ["ONEDNN", "True", "_OneDnnLinearBackward", "True", "True"],
         ["ONEDNN", "False", "_OneDnnLinearBackward", "True", "True"],
