@@ -115,3 +115,32 @@ def test_room_for_the_run_and_for_each_save_is_said_with_the_numbers(tmp_path):
     first = rundir.save_room_problem(tmp_path, "checkpoints/step-000001", 10**18, None)
     assert first.endswith("the run has no checkpoint yet; free space (or lower "
                           "logging.keep_checkpoints) and start it again")
+
+
+def test_manifest_entries_read_side_by_side_equal_one_file_at_a_time(tmp_path):
+    """files.file_entries (threads) gives each file's size and CRC-32 as file_entry does one by
+    one; damage's checksums read only the files of its share, in threads too."""
+    import random
+
+    from megatron_rlep.files import damage, file_entries, file_entry
+
+    rng = random.Random(0)
+    sizes = {"a.bin": 0, "c/d.bin": 3 << 20, "e.bin": 12345}
+    (tmp_path / "c").mkdir()
+    for name, n in sizes.items():
+        (tmp_path / name).write_bytes(rng.randbytes(n))
+    (tmp_path / "b.bin").write_bytes(b"hello")
+    names = ["a.bin", "b.bin", "c/d.bin", "e.bin"]
+    entries = file_entries(tmp_path, names)
+    assert entries == {n: file_entry(tmp_path / n) for n in names}
+    assert entries["a.bin"] == {"size": 0, "crc32": "00000000"}
+    assert entries["b.bin"] == {"size": 5, "crc32": "3610a686"}  # CRC-32 of b"hello"
+    assert file_entries(tmp_path, []) == {}
+    data = bytearray((tmp_path / "c/d.bin").read_bytes())
+    data[1 << 20] ^= 1
+    (tmp_path / "c/d.bin").write_bytes(data)
+    said = "c/d.bin does not match its manifest's checksum (its bytes changed)"
+    assert damage(tmp_path, entries) is None  # sizes only
+    assert damage(tmp_path, entries, checksums=True) == said
+    assert damage(tmp_path, entries, checksums=True, share=(0, 2)) == said  # files 0 and 2
+    assert damage(tmp_path, entries, checksums=True, share=(1, 2)) is None  # another rank's

@@ -196,7 +196,7 @@ def _publish(partial: Path, final: Path, metadata: dict) -> None:
     _barrier()
     rank, world = _rank_and_world()
     names = _from_rank0(files.listed_files(partial, (COMPLETE,)) if rank == 0 else None)
-    mine = {n: files.file_entry(partial / n) for i, n in enumerate(names) if i % world == rank}
+    mine = files.file_entries(partial, [n for i, n in enumerate(names) if i % world == rank])
     manifest = {k: v for part in _everyones(mine) for k, v in part.items()}
     if rank == 0:
         (partial / COMPLETE).write_text(json.dumps({**metadata, "files": manifest}, indent=1) + "\n")
