@@ -26,7 +26,7 @@ linear layers' weight gradients added into the gradient buffer by the GEMM (grad
 accumulation fusion, platform shim 11, the CPU default) against without (a gradient tensor,
 added by DDP's hook). With ``--swiglu`` it times the step with the CPU's two-pass SwiGLU backward
 (platform shim 12, the CPU default) against Megatron-Core's own. With ``--onednn`` it times the
-step with the linear layers' products by oneDNN (platform shim 13, opt-in on a CPU not
+step with the linear layers' products by oneDNN (platform shim 13, on by default on a CPU not
 Intel's) against Megatron-Core's own function (MKL), and reports the largest difference of the
 weights the two give from the same start.
 """
@@ -236,7 +236,7 @@ def main():
         megatron_linear = layers.linear_with_grad_accumulation_and_async_allreduce
         megatron_linear = getattr(megatron_linear, "megatron", megatron_linear)
         if megatron_linear is layers.linear_with_grad_accumulation_and_async_allreduce:
-            platform._linear_products_through_onednn()  # opt-in, and never on Intel CPUs
+            platform._linear_products_through_onednn()  # off by default: Intel, or ONEDNN=0
         onednn = layers.linear_with_grad_accumulation_and_async_allreduce
         steps = (("onednn", lambda: linear_function(actor, batch, onednn)),
                  ("mkl", lambda: linear_function(actor, batch, megatron_linear)))
