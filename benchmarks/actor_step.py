@@ -109,7 +109,9 @@ def peak_flops(repeats: int = 5) -> float:
     a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
     products = [lambda: torch.mm(a, b)]
     if torch.backends.mkldnn.is_available():
-        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+        from megatron_rlep.platform import _onednn
+
+        products.append(lambda: _onednn(a, b))
     best = math.inf
     for product in products:
         product()
