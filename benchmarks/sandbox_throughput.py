@@ -6,8 +6,12 @@ Three kinds of program, each run ``--programs`` times: a trivial one (``print(1)
 the sandbox itself: namespaces, tmpfs, Landlock, two interpreter starts), one that computes for
 about 0.5 s of CPU, and a code answer checked against four literal asserts by the code checker
 (the built-in code task's case). The first two go straight through ``Sandbox.run``; the third
-through a ``Scorer`` with ``--workers`` worker processes. Prints one JSON object: programs per
-second and seconds per program, with the machine's isolation line.
+through a ``Scorer`` with ``--workers`` worker processes. Then the judge (``judge`` in the
+output): a trivial answer and a 0.5 s one checked against a HumanEval-style ``check`` and a
+KodCode pytest file, the two ways in turn: the judge's (tests in a sandbox of their own, the
+answer in another, the channel between) and the earlier one, kept for patching tests (tests and
+answer in one sandbox, a printed token). Prints one JSON object: programs per second and
+seconds per program, with the machine's isolation line.
 """
 
 from __future__ import annotations
@@ -48,7 +52,39 @@ def main() -> None:
         assert all(s.correct for s in scores)
         report[f"code_answers_{workers}_workers"] = {"per_s": args.programs / seconds,
                                                       "s_each": seconds / args.programs}
+    report["judge"] = judge_rows(max(4, args.programs // 6))
     print(json.dumps(report, indent=1))
+
+
+def judge_rows(count: int) -> dict:
+    """Seconds per checked answer, the judge's way and the one-process way, in turn."""
+    from megatron_rlep.reward.code import CodeChecker, parse_tests
+
+    checker = CodeChecker()
+    tests = {"check": parse_tests({"test_code": "def check(candidate):\n"
+                                   "    assert candidate(2) == 4\n    assert candidate(3) == 5\n",
+                                   "entry_point": "plus_two"}),
+             "pytest": parse_tests({"test": "from solution import plus_two\n\n"
+                                    "def test_one():\n    assert plus_two(2) == 4\n\n"
+                                    "def test_two():\n    assert plus_two(3) == 5\n"})}
+    answers = {"trivial": "def plus_two(x):\n    return x + 2\n",
+               "half_second": "def plus_two(x):\n" + "".join(
+                   "    " + line + "\n" for line in HALF_SECOND.splitlines()[:-1]) +
+               "    return x + 2\n"}
+    ways = {"judge": checker._judged, "one_process": checker._in_process}
+    rows = {}
+    for answer_name, program in answers.items():
+        for test_name, spec in tests.items():
+            times = {way: 0.0 for way in ways}
+            for _ in range(count if answer_name == "trivial" else max(2, count // 3)):
+                for way, check in ways.items():
+                    start = time.perf_counter()
+                    assert check(program, spec).correct, (way, answer_name, test_name)
+                    times[way] += time.perf_counter() - start
+            n = count if answer_name == "trivial" else max(2, count // 3)
+            rows[f"{answer_name}_{test_name}"] = {
+                way: {"per_s": n / t, "s_each": t / n} for way, t in times.items()}
+    return rows
 
 
 if __name__ == "__main__":

@@ -220,6 +220,10 @@ class CodeSandboxConfig:
     # true: where the kernel refuses the namespaces or Landlock, code answers are infrastructure
     # failures (the run stops past verifier.max_failures); false: run them with what is left
     require_isolation: bool = True
+    # true: test files that patch the answer's objects (mock, monkeypatch) run in the answer's
+    # own process, where a program written to defeat the harness can forge a pass; false (the
+    # default): every test runs in the judge's process and such files fail there
+    in_process_patching: bool = False
 
 
 @dataclass

@@ -135,7 +135,8 @@ class Trainer:
         self.scorer = Scorer(cfg.verifier, max_length=r.max_response_length,
                              overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
         if is_rank0():
-            for line in filter(None, (self.scorer.describe(), self.scorer.sandbox_line())):
+            for line in filter(None, (self.scorer.describe(), self.scorer.sandbox_line(),
+                                      self.scorer.code_line(self.train_set))):
                 print(line, flush=True)
         self.unscored = 0  # answers left out of their groups this step (the sandbox failed)
         self.pool = self._load_pool()

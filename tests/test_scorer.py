@@ -131,3 +131,40 @@ def test_the_built_in_logic_task_scores_through_the_plugin_path():
         Item("logic-L5", "Answer: ODD", "odd"),
         Item("logic-L6", "Answer: 3", "2")])
     assert [s.correct for s in scores] == [True, True, False]
+
+
+NON_FINITE = '''
+import math
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "dict-nan": {"score": math.nan},
+            "true": True, "false": False, "text": "1.0", "list": [1.0],
+            "dict-text": {"score": "0.5"}}[solution_str]
+'''
+
+
+def test_a_reward_must_be_a_finite_number_and_nan_or_infinity_is_an_error(tmp_path):
+    path = tmp_path / "finite.py"
+    path.write_text(NON_FINITE)
+    scorer = Scorer(settings("custom", function=f"{path}:compute_score"))
+    names = ["nan", "inf", "-inf", "dict-nan", "true", "false", "text", "list", "dict-text"]
+    try:
+        scores = scorer.score([Item("my_task", name, "x") for name in names])
+        counts = scorer.take_counts()
+        with pytest.raises(RunError, match=r"^6 of 9 rewards in step 1 failed \(6 raised.*"
+                                           r"the first: ValueError: returned a score of nan.*"
+                                           r"fix the reward"):
+            scorer.check(scores, "step 1")
+    finally:
+        scorer.close()
+    assert [(s.status, s.reward, s.correct) for s in scores] == [
+        ("error", 0.0, False)] * 4 + [("ok", 1.0, True), ("ok", 0.0, False)] + [
+        ("error", 0.0, False)] * 2 + [("ok", 0.5, True)]
+    assert scores[0].error == ("ValueError: returned a score of nan, which is not a finite "
+                               "number; return a finite float (an answer it cannot score: "
+                               "raise, and it is counted as an error)")
+    assert scores[1].error.startswith("ValueError: returned a score of inf, which is not")
+    assert scores[3].error.startswith("ValueError: returned 'score' of nan, which is not")
+    assert scores[6].error == ("TypeError: returned a score of type str; return a float or a "
+                               "dict with 'score'")
+    assert counts["reward/errors"] == 6

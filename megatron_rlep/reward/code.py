@@ -14,17 +14,23 @@ the public code-RL sets:
 * ``{"test": "from solution import f\\ndef test_...(): ..."}`` (KodCode's pytest files, run by a
   small runner: each ``test_*`` function called in turn).
 
-Verdicts never trust the program's exit status. Standard-output tests compare its whole output
-here (lines stripped of trailing blanks; a prefix is not a match). Call-based tests and asserts
-of the form ``assert CALL == LITERAL`` send only the call into the sandbox and compare its
-printed result with the literal here: the expected values never enter the sandbox, so an answer
-cannot print them. Other asserts, ``check`` functions and test files run in the sandbox, and
-pass only if a random per-run token is printed after the last of them (``sys.exit(0)``,
-``os._exit(0)`` or ``raise SystemExit`` before the asserts print none); the driver removes its
-own file first, but a program written to defeat the harness could still find the token in its
-process's memory, so those formats are only as strong as that. Credit is given when every test
-passes (``partial``: the fraction that pass). A sandbox that could not start is an
-infrastructure failure (``status="infra"``), never a wrong answer.
+Verdicts are never the candidate's to take. Standard-output tests compare its whole output here
+(lines stripped of trailing blanks; a prefix is not a match). Every other format runs the
+answer's program as the module ``solution`` in a sandbox of its own (``candidate_host.py``)
+and talks to it through a channel that carries plain data only (``plain.py``): call-based
+tests and asserts of the form ``assert CALL == LITERAL`` send the call there and compare the
+rebuilt result here; other asserts, ``check`` functions and test files run in a second sandbox,
+the judge (``judge.py``), where the answer's functions are proxies whose calls go through the
+channel, relayed by this process. Nothing the candidate creates is ever compared, called or
+printed by whoever decides, and the expected values never enter its sandbox. Credit is given
+when every test passes (``partial``: the fraction that pass). A sandbox that could not start
+is an infrastructure failure (``status="infra"``), never a wrong answer.
+
+Test files that patch the candidate's objects (``mock.patch``, ``monkeypatch``: a function
+that reads ``input()`` patched by its test, say) cannot reach them from the judge and fail
+there; ``in_process=True`` (``verifier.code.in_process_patching``, opt-in) runs those files in
+the candidate's own process instead, where a program written to defeat the harness can forge
+a pass (``needs_candidate_process`` finds them; the trainer counts them at start-up).
 """
 
 from __future__ import annotations
@@ -33,9 +39,13 @@ import ast
 import json
 import re
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
 
-from megatron_rlep.reward.sandbox import Limits, Sandbox
+from megatron_rlep.reward import plain
+from megatron_rlep.reward.sandbox import Limits, Sandbox, Session
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
 
@@ -119,46 +129,96 @@ def literal_assert(statement: str) -> tuple[str, object] | None:
     return ast.unparse(node.test.left), expected
 
 
-def _results_driver(token: str, calls: list[str]) -> str:
-    """Runs solution.py, then each call expression, printing ``token`` + repr(result) (or an
-    error marker) a line each; the expected values are not in it."""
-    return (f"import os, sys\nos.unlink(__file__)\nTOKEN = {token!r}\n"
-            "namespace = {'__name__': '__main__'}\n"
-            "exec(compile(open('solution.py').read(), 'solution.py', 'exec'), namespace)\n"
-            f"for call in {calls!r}:\n"
-            "    try:\n"
-            "        value = repr(eval(call, namespace))\n"
-            "    except BaseException as err:\n"
-            "        value = '!error ' + type(err).__name__\n"
-            "    sys.stdout.write('\\n' + TOKEN + value + '\\n')\n"
-            "    sys.stdout.flush()\n")
+PATCHING = re.compile(r"\bmonkeypatch\b|\bmock\b|\bpatch\s*\(|\bpatch\.object\b")
+
+
+def needs_candidate_process(tests: dict) -> bool:
+    """Whether ``tests`` (``parse_tests``' dict) patch objects (``mock``, ``monkeypatch``): from
+    the judge's process such patches cannot reach the candidate's objects."""
+    text = tests.get("test") or tests.get("test_code") or "\n".join(tests.get("asserts") or [])
+    return bool(PATCHING.search(text))
+
+
+def census(examples) -> str | None:
+    """One line on the code examples among ``examples``: how many by test format, and how many
+    patch the candidate's objects; None when there are none."""
+    from collections import Counter
+
+    from megatron_rlep.reward.rules import source_kind
+
+    kinds, patching = Counter(), 0
+    for example in examples:
+        if source_kind(example.data_source) != "code":
+            continue
+        try:
+            tests = parse_tests(example.ground_truth, example.extra_info)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            kinds["unreadable"] += 1
+            continue
+        kinds[tests["kind"]] += 1
+        patching += tests["kind"] in JUDGED and needs_candidate_process(tests)
+    if not kinds:
+        return None
+    parts = ", ".join(f"{n} {k}" for k, n in kinds.most_common())
+    return (f"code tests: {sum(kinds.values())} examples ({parts}); {patching} patch the "
+            "candidate's objects (mock, monkeypatch): they fail in the judge unless "
+            "verifier.code.in_process_patching=true runs them in the candidate's process")
+
+
+JUDGED = ("assert", "check", "pytest")  # the formats whose tests run in the judge's sandbox
+
+
+@cache
+def _source(name: str) -> str:
+    return (Path(__file__).with_name(name)).read_text()
+
+
+def _candidate_files(program: str) -> dict:
+    return {"main.py": _source("candidate_host.py"), "plain.py": _source("plain.py"),
+            "solution.py": program}
+
+
+def _message(line: str | None):
+    """A line of the channel as a dict, or None."""
+    try:
+        message = json.loads(line) if line else None
+    except ValueError:
+        return None
+    return message if type(message) is dict else None
+
+
+def _why_gone(session: Session) -> str:
+    if session.flooded:
+        return "it wrote past the output limit"
+    if time.monotonic() >= session.deadline - 5:
+        return f"it passed its wall clock of {session.sandbox.limits.wall_s:g} s"
+    return "it exited" if session.ended else "it did not reply in time"
+
+
+class _Opaque:
+    """What a handle in a call's result becomes here: equal to no expected value."""
+
+    def __init__(self, _tag):
+        pass
 
 
 def _token_driver(token: str, body: str) -> str:
-    """Runs ``body`` (asserts, a check, a test runner) and prints ``token`` after it; the token
-    is read before the answer's code runs and the driver's file is gone by then."""
+    """The opt-in in-process path: runs ``body`` and prints ``token`` after it."""
     return (f"import os, sys\nTOKEN = {token!r}\nos.unlink(__file__)\n{body}\n"
             "sys.stdout.write('\\n' + TOKEN + ' all passed\\n')\n")
-
-
-def _printed_results(stdout: str, token: str) -> list[object]:
-    values = []
-    for line in stdout.splitlines():
-        if line.startswith(token):
-            text = line[len(token):]
-            try:
-                values.append(ast.literal_eval(text))
-            except (ValueError, SyntaxError):
-                values.append(("!unparsable", text[:80]))
-    return values
 
 
 class CodeChecker:
     """Runs an answer's program against an example's tests; ``check`` returns a Verdict."""
 
-    def __init__(self, limits: Limits = Limits(), partial: bool = False, require: bool = True):
+    def __init__(self, limits: Limits = Limits(), partial: bool = False, require: bool = True,
+                 in_process: bool = False):
         self.sandbox = Sandbox(limits, require)
-        self.partial = partial
+        # the judge outlives the answer by 2 s: an answer that runs out its clock still gets
+        # a verdict on the tests before (its own limits otherwise: test files are data too)
+        self.judge = Sandbox(replace(limits, wall_s=limits.wall_s + 2, cpu_s=limits.cpu_s + 2),
+                             require)
+        self.partial, self.in_process = partial, in_process
 
     def check(self, response: str, ground_truth, extra_info=None) -> Verdict:
         program = last_code_block(response)
@@ -173,28 +233,18 @@ class CodeChecker:
         if kind == "io":
             return self._io(program, tests["inputs"], tests["outputs"])
         if kind == "call":
-            calls = [f"{tests['fn_name']}(*{_as_args(a)!r})" for a in tests["inputs"]]
-            return self._calls(program, calls, tests["outputs"], as_json=True)
+            requests = [{"op": "call", "target": {"name": tests["fn_name"]},
+                         "args": [plain.encode(a) for a in _as_args(args)]}
+                        for args in tests["inputs"]]
+            return self._calls(program, requests, tests["outputs"], as_json=True)
         if kind == "assert":
             literal = [literal_assert(a) for a in tests["asserts"]]
             if all(literal):
-                return self._calls(program, [c for c, _ in literal], [e for _, e in literal])
-            body = ("namespace = {'__name__': '__main__'}\n"
-                    "exec(compile(open('solution.py').read(), 'solution.py', 'exec'), namespace)\n"
-                    + "".join(f"exec({a!r}, namespace)\n" for a in tests["asserts"]))
-            return self._token(program, body, len(tests["asserts"]))
-        if kind == "check":
-            body = ("namespace = {'__name__': '__main__'}\n"
-                    "exec(compile(open('solution.py').read(), 'solution.py', 'exec'), namespace)\n"
-                    f"exec({tests['test_code']!r}, namespace)\n"
-                    f"namespace['check'](namespace[{tests['entry_point']!r}])\n")
-            return self._token(program, body, 1)
-        body = ("import importlib\nsys.path.insert(0, '.')\n"
-                "tests = importlib.import_module('test_solution')\n"
-                "for name in sorted(n for n in dir(tests) if n.startswith('test')):\n"
-                "    if callable(getattr(tests, name)):\n"
-                "        getattr(tests, name)()\n")
-        return self._token(program, body, 1, {"test_solution.py": tests["test"]})
+                return self._calls(program, [{"op": "eval", "expr": c} for c, _ in literal],
+                                   [e for _, e in literal])
+        if self.in_process and needs_candidate_process(tests):
+            return self._in_process(program, tests)
+        return self._judged(program, tests)
 
     def _io(self, program: str, inputs, outputs) -> Verdict:
         passed, detail = 0, ""
@@ -210,30 +260,119 @@ class CodeChecker:
                 break
         return Verdict(passed, len(inputs), detail=detail)
 
-    def _calls(self, program: str, calls: list[str], expected: list,
+    def _calls(self, program: str, requests: list[dict], expected: list,
                as_json: bool = False) -> Verdict:
-        """``as_json``: the expected values came from JSON (tuples are lists there, and APPS
-        and Eurus wrap a return value in a one-element list), so results compare as JSON."""
-        token = secrets.token_hex(16)
-        outcome = self.sandbox.run({"main.py": _results_driver(token, calls),
-                                    "solution.py": program})
+        """Each request's result from the candidate's sandbox, compared here. ``as_json``: the
+        expected values came from JSON (tuples are lists there, and APPS and Eurus wrap a
+        return value in a one-element list), so results compare as JSON."""
+        session = self.sandbox.start(_candidate_files(program))
+        if not isinstance(session, Session):
+            return Verdict(0, len(requests), "infra", session.reason)
+        passed, detail = 0, ""
+        ready = _message(session.receive())
+        for i, (request, want) in enumerate(zip(requests, expected)):
+            if ready is None or ready.get("ready") is None:
+                detail = detail or ("it raised when loaded: " + str(ready.get("raise"))[:200]
+                                    if ready else f"its process ended ({_why_gone(session)})")
+                break
+            reply = _message(session.receive()) if session.send(plain.dumps(request)) else None
+            if reply is None:
+                detail = detail or f"test {i}: its process ended ({_why_gone(session)})"
+                break
+            try:
+                got = plain.decode(reply.get("value"), _Opaque) if "raise" not in reply else \
+                    _Opaque(None)
+            except Exception:  # noqa: BLE001 - unreadable data matches nothing
+                got = _Opaque(None)
+            if as_json:
+                got = _jsonish(got)
+                right = got == want or (isinstance(want, list) and len(want) == 1 and
+                                        got == want[0])
+            else:
+                right = got == want  # as the assert would, between the judge's own values
+            passed += bool(right)
+            if not right and not detail:
+                detail = f"test {i}: " + (f"raised {reply['raise'].get('type')}" if
+                                          "raise" in reply else "a wrong result")
+        outcome = session.close()
         if outcome.status == "infra":
-            return Verdict(0, len(calls), "infra", outcome.reason)
-        got = _printed_results(outcome.stdout, token)
-        if as_json:
-            got = [_jsonish(g) for g in got]
-            passed = sum(g == e or (isinstance(e, list) and len(e) == 1 and g == e[0])
-                         for g, e in zip(got, expected))
-        else:
-            passed = sum(g == e for g, e in zip(got, expected))  # as the assert would
-        detail = "" if passed == len(calls) else \
-            f"{len(got)} results for {len(calls)} calls, {passed} right ({outcome.status})"
-        return Verdict(passed, len(calls), detail=detail)
+            return Verdict(0, len(requests), "infra", outcome.reason)
+        return Verdict(passed, len(requests), detail=detail)
 
-    def _token(self, program: str, body: str, total: int, more: dict | None = None) -> Verdict:
+    def _judged(self, program: str, tests: dict) -> Verdict:
+        """The tests run in the judge's sandbox against the answer in its own, this process
+        relaying the channel between the two."""
+        total = len(tests["asserts"]) if tests["kind"] == "assert" else 1
+        files = {"main.py": _source("judge.py"), "plain.py": _source("plain.py"),
+                 "pytest.py": _source("judge_pytest.py"), "tests.json": json.dumps(tests)}
+        if tests["kind"] == "pytest":
+            files["test_solution.py"] = tests["test"]
+        candidate = self.sandbox.start(_candidate_files(program))
+        if not isinstance(candidate, Session):
+            return Verdict(0, total, "infra", candidate.reason)
+        judge = self.judge.start(files)
+        if not isinstance(judge, Session):
+            candidate.close()
+            return Verdict(0, total, "infra", judge.reason)
+        try:
+            verdict = self._relay(candidate, judge)
+        finally:
+            candidate_outcome, judge_outcome = candidate.close(), judge.close()
+        for outcome in (candidate_outcome, judge_outcome):
+            if outcome.status == "infra":
+                return Verdict(0, total, "infra", outcome.reason)
+        if verdict is None:
+            return Verdict(0, total, detail="the judge gave no verdict "
+                           f"({judge_outcome.status}: {judge_outcome.stderr[-200:]})")
+        return verdict
+
+    def _relay(self, candidate: Session, judge: Session) -> Verdict | None:
+        """Lines between the judge and the candidate until the judge's verdict: each of the
+        judge's requests goes to the candidate, each reply back; a candidate that ended or
+        replied nonsense is a ``gone`` reply, which fails the tests that follow."""
+        def from_candidate() -> str:
+            line = candidate.receive()
+            return line if _message(line) is not None else \
+                plain.dumps({"gone": _why_gone(candidate)})
+
+        if not judge.send(from_candidate()):
+            return None
+        while True:
+            message = _message(judge.receive())
+            if message is None:
+                return None
+            if "verdict" in message:
+                v = message["verdict"]
+                passed, total = v.get("passed"), v.get("total")
+                if type(passed) is not int or type(total) is not int or not 0 <= passed <= total:
+                    return None
+                return Verdict(passed, total, detail=str(v.get("detail", ""))[:300])
+            message.pop("to", None)
+            sent = candidate.send(plain.dumps(message))
+            if not judge.send(from_candidate() if sent else
+                              plain.dumps({"gone": _why_gone(candidate)})):
+                return None
+
+    def _in_process(self, program: str, tests: dict) -> Verdict:
+        """The opt-in path for tests that patch the candidate's objects: tests and answer in
+        one sandboxed process, passing when a per-run token is printed after the tests."""
         token = secrets.token_hex(16)
-        files = {"main.py": _token_driver(token, body), "solution.py": program, **(more or {})}
-        outcome = self.sandbox.run(files)
+        load = ("namespace = {'__name__': '__main__'}\n"
+                "exec(compile(open('solution.py').read(), 'solution.py', 'exec'), namespace)\n")
+        files = {"solution.py": program}
+        if tests["kind"] == "assert":
+            body = load + "".join(f"exec({a!r}, namespace)\n" for a in tests["asserts"])
+        elif tests["kind"] == "check":
+            body = load + (f"exec({tests['test_code']!r}, namespace)\n"
+                           f"namespace['check'](namespace[{tests['entry_point']!r}])\n")
+        else:
+            files.update({"test_solution.py": tests["test"],
+                          "pytest.py": _source("judge_pytest.py")})
+            body = ("sys.path.insert(0, '.')\nimport pytest, test_solution\n"
+                    "failed = [r for r in pytest.run_module(test_solution, repr) if r]\n"
+                    "assert not failed, failed[0]\n")
+        outcome = self.sandbox.run({"main.py": _token_driver(token, body), **files})
+        total = len(tests["asserts"]) if tests["kind"] == "assert" else 1
         if outcome.status == "infra":
             return Verdict(0, total, "infra", outcome.reason)
         ok = outcome.status == "ok" and f"{token} all passed" in outcome.stdout.splitlines()

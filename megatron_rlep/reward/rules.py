@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
+import numbers
 import re
 from pathlib import Path
 
@@ -72,18 +74,38 @@ def load_function(spec: str):
 
 
 def from_function(result) -> tuple[float, bool, str | None]:
-    """(score, verified, prediction) of what a reward function returned."""
+    """(score, verified, prediction) of what a reward function returned; TypeError or
+    ValueError, in one sentence, for a result that is not a finite number (NaN or infinity
+    would poison every advantage of its group)."""
+    pred = None
     if isinstance(result, dict):
         if "score" not in result:
             raise TypeError(f"returned a dict without 'score' (keys {sorted(result)}); return "
                             "a float or a dict with 'score' and optionally 'acc'")
-        score = float(result["score"])
+        score = finite(result["score"], "'score'")
         verified = bool(result["acc"]) if "acc" in result else score > 0
-        pred = result.get("pred")
-        return score, verified, None if pred is None else str(pred)
-    if isinstance(result, (int, float)) and not isinstance(result, complex):
-        return float(result), float(result) > 0, None
-    raise TypeError(f"returned {type(result).__name__}; return a float or a dict with 'score'")
+        pred = None if result.get("pred") is None else str(result["pred"])
+        return score, verified, pred
+    score = finite(result, "a score")
+    return score, score > 0, pred
+
+
+def finite(value, what: str) -> float:
+    """``value`` as a float (True and False are 1 and 0); it must be a finite real number."""
+    if not isinstance(value, numbers.Real) and not (
+            isinstance(value, str) and what == "'score'"):
+        raise TypeError(f"returned {what} of type {type(value).__name__}; return a float or a "
+                        "dict with 'score'")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"returned {what} {str(value)[:40]!r}, not a number; return a float "
+                        "or a dict with 'score'") from None
+    if not math.isfinite(number):
+        raise ValueError(f"returned {what} of {number}, which is not a finite number; return "
+                         "a finite float (an answer it cannot score: raise, and it is counted "
+                         "as an error)")
+    return number
 
 
 class Rules:
@@ -138,7 +160,8 @@ class Rules:
             c = self.settings["code"]
             self._code = CodeChecker(Limits(c["wall_s"], c["cpu_s"], c["memory_mb"], c["nproc"],
                                             c["fsize_mb"], c["tmpfs_mb"], c["output_kb"] << 10),
-                                     c["partial_credit"], c["require_isolation"])
+                                     c["partial_credit"], c["require_isolation"],
+                                     c["in_process_patching"])
         return self._code
 
     def close(self) -> None:

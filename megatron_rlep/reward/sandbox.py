@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -33,6 +34,7 @@ from pathlib import Path
 
 RUNNER = Path(__file__).with_name("sandbox_init.py")
 INFRA_EXIT, TIMEOUT_EXIT = 125, 124
+LINE_LIMIT = 64 << 20  # a Session's longest line: a call's arguments or result (10^6 numbers)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,25 @@ class Sandbox:
     def run(self, files: dict[str, str], stdin: str = "", script: str = "main.py") -> Outcome:
         """Run ``python -I -S script`` among ``files`` with ``stdin``; never raises for anything
         the program does."""
+        started = self._spawn(files, script)
+        if isinstance(started, Outcome):
+            return started
+        proc, workdir, start = started
+        try:
+            out, err, flooded = self._communicate(proc, stdin.encode(),
+                                                  start + self.limits.wall_s + 5)
+        finally:
+            _kill(proc)
+            shutil.rmtree(workdir, ignore_errors=True)
+        return self._outcome(proc.returncode, out, err, flooded, time.monotonic() - start)
+
+    def start(self, files: dict[str, str], script: str = "main.py") -> "Session | Outcome":
+        """The program started and left running, to talk to a line at a time (``Session``);
+        an infrastructure Outcome when the sandbox could not start."""
+        started = self._spawn(files, script)
+        return started if isinstance(started, Outcome) else Session(self, *started)
+
+    def _spawn(self, files: dict[str, str], script: str):
         workdir = tempfile.mkdtemp(prefix="rlep-sandbox-")
         lim = self.limits
         config = {"workdir": workdir, "files": files, "argv": [self.python, "-I", "-S", script],
@@ -93,22 +114,19 @@ class Sandbox:
         except OSError as err:
             shutil.rmtree(workdir, ignore_errors=True)
             return Outcome("infra", None, "", "", 0.0, f"the sandbox did not start: {err}")
-        try:
-            out, err, flooded = self._communicate(proc, stdin.encode(), start + lim.wall_s + 5)
-        finally:
-            _kill(proc)
-            shutil.rmtree(workdir, ignore_errors=True)
-        seconds = time.monotonic() - start
+        return proc, workdir, start
+
+    def _outcome(self, code, out: str, err: str, flooded: bool, seconds: float) -> Outcome:
         notes = [line for line in err.splitlines() if line.startswith("sandbox: ")]
         err = "\n".join(line for line in err.splitlines() if not line.startswith("sandbox: "))
         setup = [n for n in notes if n.startswith(("sandbox: cannot", "sandbox: setup failed"))]
-        if proc.returncode == INFRA_EXIT and setup:
+        if code == INFRA_EXIT and setup:
             return Outcome("infra", None, out, err, seconds, setup[-1][len("sandbox: "):])
         if flooded:
             return Outcome("output", None, out, err, seconds)
-        if proc.returncode == TIMEOUT_EXIT or seconds > lim.wall_s + 5:
+        if code == TIMEOUT_EXIT or seconds > self.limits.wall_s + 5:
             return Outcome("timeout", None, out, err, seconds)
-        return Outcome("ok", proc.returncode, out, err, seconds, notes[0][9:] if notes else "")
+        return Outcome("ok", code, out, err, seconds, notes[0][9:] if notes else "")
 
     def _communicate(self, proc, data: bytes, deadline: float) -> tuple[str, str, bool]:
         """stdin written, stdout and stderr read, each up to the output limit; past it, or past
@@ -149,6 +167,82 @@ class Sandbox:
             return f"code sandbox unusable here ({outcome.reason}): code answers count as " \
                    "infrastructure failures"
         return f"code sandbox: {outcome.reason or 'no isolation but resource limits'}"
+
+
+class Session:
+    """A sandboxed program that is talked to a line at a time: ``send`` a line to its standard
+    input, ``receive`` one from its standard output (None at its end, its deadline, or for a
+    line longer than the output limit); ``close`` ends it and gives its Outcome. Its standard
+    error is read alongside, up to the same limit."""
+
+    def __init__(self, sandbox: Sandbox, proc: subprocess.Popen, workdir: str, start: float):
+        self.sandbox, self.proc, self.workdir, self.start = sandbox, proc, workdir, start
+        self.deadline = start + sandbox.limits.wall_s + 5
+        self.pending, self.out, self.err = b"", [], bytearray()
+        self.flooded, self.ended = False, False
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(proc.stdout, selectors.EVENT_READ)
+        self.selector.register(proc.stderr, selectors.EVENT_READ)
+
+    def send(self, line: str) -> bool:
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def receive(self, deadline: float | None = None) -> str | None:
+        deadline = min(deadline or self.deadline, self.deadline)
+        limit = LINE_LIMIT
+        while b"\n" not in self.pending:
+            if self.ended or self.flooded or time.monotonic() >= deadline:
+                return None
+            for key, _ in self.selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                block = os.read(key.fd, 65536)
+                if key.fileobj is self.proc.stderr:
+                    if not block:
+                        self.selector.unregister(key.fileobj)
+                    self.err += block[:max(0, limit - len(self.err))]
+                    continue
+                if not block:
+                    self.ended = True
+                    break
+                self.pending += block
+                if len(self.pending) > limit and b"\n" not in self.pending:
+                    self.flooded = True  # one line past the limit: the whole channel's traffic
+                    # is not capped, a call's arguments and results can be large
+        line, _, self.pending = self.pending.partition(b"\n")
+        self.out.append(line[:1000])  # the start of each line, for the Outcome
+        return line.decode(errors="replace")
+
+    def close(self) -> Outcome:
+        """The program ended (its input closed first, then killed), its work directory gone."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        limit = self.sandbox.limits.output_bytes
+        stderr = [k.fileobj for k in self.selector.get_map().values()
+                  if k.fileobj is self.proc.stderr]
+        while stderr and len(self.err) < limit and select.select(stderr, [], [], 0.1)[0]:
+            block = os.read(stderr[0].fileno(), 65536)
+            if not block:
+                break
+            self.err += block[:limit - len(self.err)]
+        self.selector.close()
+        _kill(self.proc)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        seconds = time.monotonic() - self.start
+        code = self.proc.returncode
+        return self.sandbox._outcome(code if code is not None else None,
+                                     b"\n".join(self.out).decode(errors="replace"),
+                                     bytes(self.err).decode(errors="replace"), self.flooded,
+                                     seconds)
 
 
 def _kill(proc: subprocess.Popen) -> None:

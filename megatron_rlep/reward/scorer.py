@@ -133,6 +133,19 @@ class Scorer:
 
         return Sandbox(require=self.settings["code"]["require_isolation"]).probe()
 
+    def code_line(self, examples) -> str | None:
+        """How many of ``examples`` are code, by test format, and how many of their test files
+        patch the answer's objects (``code.census``), where code can be scored."""
+        if self.settings["mode"] not in ("code", "custom"):
+            return None
+        from megatron_rlep.reward.code import census
+
+        line = census(examples)
+        if line and self.settings["code"]["in_process_patching"]:
+            line = line.split(": they fail")[0] + ": these run in the answer's own process " \
+                "(verifier.code.in_process_patching=true), where a pass can be forged"
+        return line
+
     # ------------------------------------------------------------------ scoring
 
     def score(self, items: list[Item], collective: bool = False) -> list[Score]:
