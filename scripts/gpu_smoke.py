@@ -251,19 +251,26 @@ QWEN25_1_5B = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vo
                "tie_word_embeddings": True}
 
 
-def scaled_model(config: dict, tokenizer_dir: str, out: Path, dtype: str) -> str:
-    """Seeded random weights of ``config`` in ``dtype``, with ``tokenizer_dir``'s tokenizer."""
-    import shutil
-
+def random_model(config: dict, dtype: str, device: str = "cpu"):
+    """transformers' model of ``config`` (a config.json's keys) with seeded random weights in
+    ``dtype``, made on ``device`` (benchmarks/gpu_update.py makes its models on the GPU)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from megatron_rlep.builtin_model import resolve_model_path
 
     config = dict(config)
     hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
     torch.manual_seed(1234)
-    AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype)).save_pretrained(out)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype))
+
+
+def scaled_model(config: dict, tokenizer_dir: str, out: Path, dtype: str) -> str:
+    """Seeded random weights of ``config`` in ``dtype``, with ``tokenizer_dir``'s tokenizer."""
+    import shutil
+
+    from megatron_rlep.builtin_model import resolve_model_path
+
+    random_model(config, dtype).save_pretrained(out)
     source = Path(resolve_model_path(tokenizer_dir))
     for f in source.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
@@ -338,8 +345,15 @@ def at_scale(config: dict, tokenizer_dir: str, dtype: str, out: Path) -> dict:
     return {"resume": resume, "steps": steps, "ok": resume["ok"] and steps["ok"]}
 
 
-# bf16 dense tensor-core peaks (NVIDIA's data sheets), for MFU
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+# bf16 dense tensor-core peaks (NVIDIA's data sheets), for MFU; the first name that the
+# device's name contains counts, so the PCIe and NVL cards come before the SXM ones
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12,
+              "H200": 989e12, "A100": 312e12}
+
+
+def device_peak_flops(name: str) -> float | None:
+    """The dense bf16 peak (FLOP/s) of a device named ``name`` (torch's name for it), or None."""
+    return next((f for k, f in PEAK_FLOPS.items() if k in name), None)
 
 
 def planner_against_measured(model: str, overrides: list[str], result: dict) -> dict:
@@ -371,7 +385,7 @@ def planner_against_measured(model: str, overrides: list[str], result: dict) -> 
     measured = max((m for m in result["perf/peak_memory_gib"] if m is not None), default=None)
     used = max((m for m in result["perf/device_memory_used_gib"] if m is not None), default=None)
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    peak = next((f for k, f in PEAK_FLOPS.items() if k in name), None)
+    peak = device_peak_flops(name)
     speed = [t for t in result["perf/update_tokens_per_s"] if t]
     return {"predicted_update_peak_gib": predicted / 2**30,
             "predicted_tensors_gib": tensors / 2**30, "measured_peak_gib": measured,

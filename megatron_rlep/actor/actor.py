@@ -8,6 +8,11 @@ the same on every rank. The loss is token-mean over the whole mini-batch: each m
 returns (sum, token count) and Megatron's ``finalize_model_grads`` divides the gradients by
 the token count summed over micro-batches and data-parallel ranks.
 
+On a GPU the host queues work ahead of the device; reading a value the device computes makes it
+wait. Within an update nothing is read per micro-batch: rows are picked by indices made on the
+host, metrics stay on the device until the step's end, and log-probs come to the host there,
+once (docs/scaling.md, "The update at a real load", has the audit).
+
 The actor knows nothing of rollouts, rewards or replay.
 """
 
@@ -25,8 +30,9 @@ from megatron_rlep import loss as objective
 from megatron_rlep import platform
 from megatron_rlep.actor import attention, bridge, checkpoint, optim
 from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, collate_shared,
-                                       dp_slice, idle, micro_batches, packed_tokens,
-                                       prompt_groups, shared_micro_batches, split_to)
+                                       dp_slice, idle, loss_positions, micro_batches,
+                                       packed_tokens, prompt_groups, shared_micro_batches,
+                                       split_to, to_device)
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
 
@@ -184,8 +190,12 @@ class Actor:
             if mb.cu_seqlens is not None:
                 from megatron.core.packed_seq_params import PackedSeqParams
 
+                # the local specs read the bounds on the host, in every layer (SdpaAttention,
+                # Megatron's unfused THD RoPE); Transformer Engine's kernels take a device copy
+                bounds = mb.cu_seqlens.to(self.device, non_blocking=True) \
+                    if self.transformer_engine else mb.cu_seqlens
                 packed = PackedSeqParams(
-                    qkv_format="thd", cu_seqlens_q=mb.cu_seqlens, cu_seqlens_kv=mb.cu_seqlens,
+                    qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds,
                     max_seqlen_q=mb.max_seqlen, max_seqlen_kv=mb.max_seqlen)
             try:
                 output = model(mb.tokens, mb.positions, mb.attention_mask, packed_seq_params=packed)
@@ -253,7 +263,8 @@ class Actor:
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         if mb.hidden_index is not None:
             return hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])[mb.hidden_index]
-        return hidden.transpose(0, 1)[mb.loss_mask]
+        width = hidden.shape[0]  # loss_index counts row * width + column
+        return hidden.transpose(0, 1)[mb.loss_index // width, mb.loss_index % width]
 
     def _row_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab/tp] of hidden-state ``rows`` [n, h]."""
@@ -277,7 +288,7 @@ class Actor:
         ``logprob_chunk_tokens`` the response rows go through the output layer and the softmax
         that many at a time, each chunk recomputed in the backward pass, so the [tokens x
         vocab/tp] logits and their fp32 softmax never exist whole."""
-        rows, targets = self._rows(hidden, mb), mb.labels[mb.loss_mask]
+        rows, targets = self._rows(hidden, mb), mb.labels.reshape(-1)[mb.loss_index]
         chunk = self.logprob_chunk_tokens or max(len(rows), 1)
         parts = []
         for start in range(0, max(len(rows), 1), chunk):
@@ -288,8 +299,8 @@ class Actor:
                 parts.append(self._row_scores(*args))
         logp = torch.cat([p[0] for p in parts])
         ent = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
-        scatter = lambda v: torch.zeros(mb.loss_mask.shape, dtype=v.dtype,  # noqa: E731
-                                        device=v.device).masked_scatter(mb.loss_mask, v)
+        scatter = lambda v: v.new_zeros(mb.loss_mask.numel()).index_copy(  # noqa: E731
+            0, mb.loss_index, v).view(mb.loss_mask.shape)
         return scatter(logp), (scatter(ent) if ent is not None else None)
 
     def _from_last_stage(self, obj):
@@ -324,7 +335,7 @@ class Actor:
         def collect(mb, hidden):
             logp, ent = self._scored(mb, hidden, "detached" if with_entropy else "none")
             return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), \
-                {"rows": _per_sequence(mb, logp, ent)}
+                {"scored": (mb, logp, ent)}
 
         merged = self._gather_rows(self._schedule(self._micros(batch), collect, forward_only=True))
         logps = [merged[i][0] for i in range(len(batch))]
@@ -332,12 +343,10 @@ class Actor:
         return logps, ents
 
     def _gather_rows(self, outputs: list[dict]) -> dict:
-        """The per-sequence rows the micro-batches returned, from every pipeline stage and
-        data-parallel rank: {index in the batch: (log-probs, entropies or None)}."""
-        rows = {}
-        for out in outputs:
-            rows.update(out["rows"])
-        rows = self._from_last_stage(rows)
+        """The per-sequence rows the micro-batches scored, on the host (read after the last
+        micro-batch is queued), from every pipeline stage and data-parallel rank: {index in the
+        batch: (log-probs, entropies or None)}."""
+        rows = self._from_last_stage(_per_sequence([out["scored"] for out in outputs]))
         merged = {}
         for part in self._all_dp(rows):
             merged.update(part)
@@ -357,8 +366,10 @@ class Actor:
             return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), \
                 {"rows": dict(zip(mb.index, full.reshape(len(mb.index), -1, full.shape[-1])))}
 
-        micros = [collate(batch, list(range(len(batch))), self.device, self._pad_multiple)]
-        micros[0].loss_mask[:, :tokens.shape[1]] = True  # every position but the padding
+        micro = collate(batch, list(range(len(batch))), torch.device("cpu"), self._pad_multiple)
+        micro.loss_mask[:, :tokens.shape[1]] = True  # every position but the padding
+        micro.loss_index, micro.loss_counts = loss_positions(micro.loss_mask)
+        micros = [to_device(micro, self.device)]
         rows = {}
         for out in self._schedule(micros, collect, forward_only=True):
             rows.update(out["rows"])
@@ -386,16 +397,15 @@ class Actor:
         if a.entropy_coef:
             per_token = per_token - a.entropy_coef * entropy
         total, count = objective.aggregate(per_token, mb.loss_mask, a.loss_agg)
-        mask = mb.loss_mask
-        with torch.no_grad():
+        masked = lambda v: v.reshape(-1)[mb.loss_index]  # noqa: E731  (the mask's entries)
+        with torch.no_grad():  # on the device: train_step reads the step's sums once
             stats = torch.stack([
-                total.detach(), pg[mask].sum(), clipped[mask].sum(), dual[mask].sum(),
-                entropy[mask].sum(), kl[mask].sum(), mask.sum(),
-                torch.tensor(len(mb.index), device=mask.device),
-            ]).double().cpu()
-        out = {"stats": stats, "count": count.detach().double().cpu()}
+                total.detach(), masked(pg).sum(), masked(clipped).sum(), masked(dual).sum(),
+                masked(entropy).sum(), masked(kl).sum(), mb.loss_mask.sum(),
+            ]).double()
+        out = {"stats": stats, "count": count.detach().double(), "sequences": len(mb.index)}
         if fused:
-            out["rows"] = _per_sequence(mb, old, None)
+            out["scored"] = (mb, old, None)
         return total, count.int(), out
 
     def begin_step(self, step: int) -> None:
@@ -416,16 +426,19 @@ class Actor:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         outputs = self._schedule(self._micros(batch), self._policy_loss, forward_only=False)
-        stats = torch.zeros(len(_STATS), dtype=torch.float64)
-        count = torch.zeros((), dtype=torch.float64)
+        # the micro-batches' sums added on the device and read once, here
+        stats = torch.zeros(len(_STATS) - 1, dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
         for out in outputs:
             stats += out["stats"]
             count += out["count"]
+        sequences = sum(out["sequences"] for out in outputs)  # a fill, not a copy from the host
+        both = torch.cat([stats, torch.full((1,), float(sequences), dtype=torch.float64,
+                                            device=self.device), count[None]])
         if self.dp_size > 1:
-            both = torch.cat([stats, count[None]]).to(self.device)
             dist.all_reduce(both, group=ps.get_data_parallel_group())
-            stats, count = both[:-1].cpu(), both[-1].cpu()
-        stats, count = self._from_last_stage((stats, count))
+        both = both.cpu()
+        stats, count = self._from_last_stage((both[:-1], both[-1]))
         if batch.old_logp is None:
             merged = self._gather_rows(outputs)
             self.fused_old_logp = [merged[i][0] for i in range(len(batch))]
@@ -501,12 +514,17 @@ def _break_cycles(model, config) -> None:
     getattr(model, "grad_accs", []).clear()
 
 
-def _per_sequence(mb, logp: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:
-    """{index in the batch: (log-probs, entropies or None)} of a micro-batch's response tokens,
-    from its [b, s] tensors, on the CPU."""
-    rows = {}
-    for row, i in enumerate(mb.index):
-        keep = mb.loss_mask[row]
-        rows[i] = (logp[row][keep].detach().float().cpu(),
-                   ent[row][keep].float().cpu() if ent is not None else None)
-    return rows
+def _per_sequence(scored: list) -> dict:
+    """{index in the batch: (log-probs, entropies or None)} of the response tokens the
+    micro-batches scored ((micro-batch, [b, s] log-probs, [b, s] entropies or None) each), on the
+    CPU: one copy from the device for each kind, split by the host's counts."""
+    index = [i for mb, _, _ in scored for i in mb.index]
+    counts = [n for mb, _, _ in scored for n in mb.loss_counts]
+
+    def host(kind: int):
+        picked = [part[kind].detach().reshape(-1)[part[0].loss_index] for part in scored]
+        return torch.cat(picked).float().cpu().split(counts) if picked else []
+
+    logps = host(1)
+    ents = host(2) if scored and scored[0][2] is not None else [None] * len(index)
+    return dict(zip(index, zip(logps, ents)))

@@ -29,7 +29,7 @@ class SdpaAttention(DotProductAttention):
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
         if packed_seq_params is not None:  # [t, heads, dim], sequences end to end
-            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            bounds = packed_seq_params.cu_seqlens_q.tolist()  # host bounds: no wait (actor.py)
             out = [self.forward(*(x[a:b, None] for x in (query, key, value)))
                    for a, b in zip(bounds[:-1], bounds[1:])]
             return torch.cat(out)  # [t, 1, heads * dim]

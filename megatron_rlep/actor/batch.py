@@ -11,7 +11,10 @@ rotary embedding restarts at each bound and attention stays within a sequence, s
 hidden state is the one it has alone.
 
 A micro-batch's tensors follow Megatron's next-token convention: ``labels[t] = tokens[t + 1]``
-and ``loss_mask[t]`` marks the positions whose label is a response token.
+and ``loss_mask[t]`` marks the positions whose label is a response token. The mask's positions
+are also made on the host as flat indices (``loss_index``) with their count per row: on a GPU,
+picking rows by a boolean mask waits for the device (its size is known only there), picking them
+by index does not. Host tensors go to the device without waiting (``non_blocking``).
 
 Shared prompts (``parallel.share_prompts``; the idea of Prefix Grouper, arXiv 2506.05433): the
 sequences of a group repeat one prompt, so ``collate_shared`` packs each prompt once, followed by
@@ -169,14 +172,18 @@ class MicroBatch:
     ref_logp: Optional[torch.Tensor] = None
     weights: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
     advantages: Optional[torch.Tensor] = None  # [b, 1]
+    # loss_mask's positions as flat indices (row * s + column, in the mask's order) and their
+    # count per row, made on the host (loss_positions)
+    loss_index: Optional[torch.Tensor] = None
+    loss_counts: Optional[list[int]] = None
     # shared prompts (collate_shared): tokens and positions are packed rows [r, w], the
     # attention mask [r, 1, w, w] (True: not allowed), and hidden_index the packed row (r * w +
     # column) of each loss-mask position, in loss_mask's order
     attention_mask: Optional[torch.Tensor] = None
     hidden_index: Optional[torch.Tensor] = None
     # packed sequences (collate_packed): tokens and positions [1, t], the sequences' bounds in the
-    # row [b + 1] (int32; padding is one more sequence at the end), the longest one's length, and
-    # hidden_index as above
+    # row [b + 1] (int32, kept on the host; padding is one more sequence at the end), the longest
+    # one's length, and hidden_index as above
     cu_seqlens: Optional[torch.Tensor] = None
     max_seqlen: int = 0
 
@@ -201,14 +208,16 @@ def collate(batch: SequenceBatch, index: list[int], device: torch.device,
     labels = torch.roll(tokens, -1, dims=1)
     labels[:, -1] = 0
     positions = torch.arange(width).expand(len(index), width)
-    micro = MicroBatch(index, tokens.to(device), positions.to(device), labels.to(device),
-                       mask.to(device))
-    for key, value in out.items():
-        if value is not None:
-            setattr(micro, key, value.to(device))
+    micro = MicroBatch(index, tokens, positions, labels, mask, **out)
+    micro.loss_index, micro.loss_counts = loss_positions(mask)
     if batch.advantages is not None:
-        micro.advantages = batch.advantages[index].float().reshape(-1, 1).to(device)
-    return micro
+        micro.advantages = batch.advantages[index].float().reshape(-1, 1)
+    return to_device(micro, device)
+
+
+def loss_positions(mask: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """(flat indices of a host [b, s] mask's True entries in row-major order, count per row)."""
+    return mask.reshape(-1).nonzero()[:, 0], mask.sum(1).tolist()
 
 
 def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
@@ -247,7 +256,7 @@ def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
     micro.tokens, micro.positions = tokens, positions
     micro.attention_mask = ~allowed[:, None]
     micro.hidden_index = source[micro.loss_mask]
-    return _to(micro, device)
+    return to_device(micro, device)
 
 
 def collate_packed(batch: SequenceBatch, index: list[int], device: torch.device,
@@ -264,15 +273,17 @@ def collate_packed(batch: SequenceBatch, index: list[int], device: torch.device,
     source = bounds[:len(index), None].long() + torch.arange(micro.loss_mask.shape[1])
     micro.hidden_index = source[micro.loss_mask]
     micro.cu_seqlens, micro.max_seqlen = bounds.int(), max(lengths + [padding])
-    return _to(micro, device)
+    return to_device(micro, device)
 
 
-def _to(micro: MicroBatch, device: torch.device) -> MicroBatch:
+def to_device(micro: MicroBatch, device: torch.device) -> MicroBatch:
+    """``micro``'s tensors on ``device`` but ``cu_seqlens`` (the actor copies it for Transformer
+    Engine), each copy queued without waiting for the device."""
     for key in ("tokens", "positions", "labels", "loss_mask", "old_logp", "ref_logp", "weights",
-                "advantages", "attention_mask", "hidden_index", "cu_seqlens"):
+                "advantages", "attention_mask", "hidden_index", "loss_index"):
         value = getattr(micro, key)
         if value is not None:
-            setattr(micro, key, value.to(device))
+            setattr(micro, key, value.to(device, non_blocking=True))
     return micro
 
 
@@ -280,5 +291,5 @@ def idle(mb: MicroBatch) -> MicroBatch:
     """A micro-batch of ``mb``'s shape with no loss token and no sequence: a forward and backward
     pass that changes no result (expert parallelism needs every rank to run as many)."""
     return dataclasses.replace(
-        mb, index=[], loss_mask=torch.zeros_like(mb.loss_mask),
-        hidden_index=None if mb.hidden_index is None else mb.hidden_index[:0])
+        mb, index=[], loss_mask=torch.zeros_like(mb.loss_mask), loss_index=mb.loss_index[:0],
+        loss_counts=[], hidden_index=None if mb.hidden_index is None else mb.hidden_index[:0])
