@@ -97,6 +97,9 @@ class AlgorithmConfig:
     # forward pass of the actor before the first update) | rollout (the engine's, recorded as it
     # sampled; no forward pass, docs/usage.md). The first mini-batch takes its own forward's.
     old_logp: str = "actor"
+    # asynchronous rollout: a group trains at most this many policy versions after its oldest
+    # token was sampled (0: today's synchronous trainer; docs/usage.md, "Asynchronous rollout")
+    max_staleness: int = 0
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 10.0
@@ -142,6 +145,17 @@ class RolloutConfig:
     cpu_compile: bool = False
     batch_size: int = 64  # sequences per generate call (transformers engine)
     check_sync: bool = False  # after each weight sync, compare engine and actor log-probs
+    # asynchronous rollout (algorithm.max_staleness > 0; docs/usage.md): where the engines run:
+    # colocated (the training ranks, time-sliced) | disaggregated (the job's last `ranks` ranks
+    # generate while the others train; weights go to them by broadcast after each update)
+    placement: str = "colocated"
+    ranks: int = 0
+    # partial rollouts: answers grow segment_tokens at a time and unfinished ones go on under
+    # the weights of later updates, their tokens tagged with the version that sampled them
+    partial: bool = False
+    segment_tokens: int = 64
+    extra_prompts: int = 0  # over-provisioning: prompts in flight beyond an update's
+    timeout_s: float = 600.0  # disaggregated: the longest a learner waits on the rollout ranks
 
 
 @dataclass
@@ -371,7 +385,7 @@ _CHOICES = {
     "parallel.recompute": ("none", "selective", "full"),
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
     "wandb": ("online", "offline", "disabled"), "compare": ("none", "matched"),
-    "task": ("arithmetic", "code", "logic"),
+    "task": ("arithmetic", "code", "logic"), "rollout.placement": ("colocated", "disaggregated"),
 }
 _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),
@@ -387,6 +401,9 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.correction.replay_weight": (0.0, None), "rollout.temperature": (0.0, None),
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
+    "algorithm.max_staleness": (0, None), "rollout.ranks": (0, None),
+    "rollout.segment_tokens": (1, None), "rollout.extra_prompts": (0, None),
+    "rollout.timeout_s": (1.0, None),
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
     "parallel.expert_parallel": (1, None), "algorithm.router_aux_loss": (0.0, None),
     "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None),
@@ -450,6 +467,8 @@ def _check_values(cfg) -> None:
                               f"rollout.top_p={top_p} the engine's log-probs are of the truncated "
                               "distribution, not the policy's; set rollout.top_p=1 or use "
                               "algorithm.old_logp=actor.")
+    if isinstance(cfg, Config):
+        _check_asynchrony(cfg)
     if isinstance(cfg, Config) and cfg.algorithm.kl_coef != 0:
         raise ConfigError(f"config key algorithm.kl_coef={cfg.algorithm.kl_coef} asks for a KL "
                           "term against a reference policy, which this trainer does not build "
@@ -462,6 +481,26 @@ def _check_values(cfg) -> None:
     if isinstance(cfg, Config) and cfg.parallel.share_prompts and cfg.parallel.pack_sequences:
         raise ConfigError("config keys parallel.share_prompts and parallel.pack_sequences are two "
                           "ways to pack a micro-batch; set one of them to false.")
+
+
+def _check_asynchrony(cfg: Config) -> None:
+    """Asynchronous settings that need a staleness bound, or would add staleness twice."""
+    a, r = cfg.algorithm, cfg.rollout
+    if (r.partial or r.extra_prompts) and a.max_staleness < 1:
+        what = "rollout.partial=true continues answers under newer weights" if r.partial else \
+            f"rollout.extra_prompts={r.extra_prompts} carries finished groups into later steps"
+        raise ConfigError(f"config key {what}, so their tokens come from older policies; set "
+                          "algorithm.max_staleness to 1 or more (how many versions behind a "
+                          "trained token may be).")
+    if r.placement == "disaggregated" and r.ranks < 1:
+        raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
+                          "many of the job's ranks run the engines (e.g. rollout.ranks=1).")
+    if a.max_staleness and a.old_logp == "rollout":
+        raise ConfigError(f"config key algorithm.old_logp=rollout takes the engine's log-probs as "
+                          f"the old policy's, but with algorithm.max_staleness={a.max_staleness} "
+                          "they are of a policy up to that many versions older: the two would "
+                          "add staleness twice; use algorithm.old_logp=actor (the policy before "
+                          "this update) and algorithm.correction for the rest.")
 
 
 def _known_keys(node: Any) -> list[str]:

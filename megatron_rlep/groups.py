@@ -39,6 +39,8 @@ class Sample:
     advantage: float = 0.0
     logprobs: tuple[float, ...] = ()  # behaviour log-probs: the engine's, a replay's stored ones
     status: str = "ok"  # the reward's: ok | error | timeout | infra (reward/scorer.py)
+    # asynchronous rollout: the policy version that sampled each token (empty: the step's own)
+    versions: tuple[int, ...] = ()
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Group:
     replays: list[str]  # pool texts chosen for this step
     fresh_requested: int  # what the engine was asked for
     samples: list[Sample] = field(default_factory=list)
+    position: Optional[int] = None  # asynchronous rollout: its place in the prompt stream
 
     @property
     def rewards(self) -> list[float]:

@@ -29,6 +29,7 @@ if __name__ == "__main__":  # a mistyped key, value or preset: said before torch
 
 import contextlib  # noqa: E402
 import json  # noqa: E402
+from collections import Counter
 import math
 import os
 import random
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import metrics, platform, rundir, tasks
+from megatron_rlep import metrics, placement, platform, rundir, tasks
 from megatron_rlep.actor import checkpoint as actor_checkpoint
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
@@ -59,6 +60,7 @@ from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
 from megatron_rlep.rollout import (encode_prompt, generate_sharded, make_engine, model_stop_ids,
                                    training_engine)
+from megatron_rlep.rollout.stream import Flight, RolloutStream
 from megatron_rlep.reward.scorer import Item, Scorer
 
 
@@ -98,14 +100,16 @@ class PromptStream:
         self.examples, self.seed, self.cursor = examples, seed, cursor
 
     def take(self, n: int) -> list[Example]:
-        out = []
-        for _ in range(n):
-            epoch, pos = divmod(self.cursor, len(self.examples))
-            order = list(range(len(self.examples)))
-            random.Random(self.seed * 100003 + epoch).shuffle(order)
-            out.append(self.examples[order[pos]])
-            self.cursor += 1
+        out = [self.at(self.cursor + i) for i in range(n)]
+        self.cursor += n
         return out
+
+    def at(self, position: int) -> Example:
+        """The example at ``position`` of the stream (a pure function of the seed)."""
+        epoch, pos = divmod(position, len(self.examples))
+        order = list(range(len(self.examples)))
+        random.Random(self.seed * 100003 + epoch).shuffle(order)
+        return self.examples[order[pos]]
 
 
 class Trainer:
@@ -158,9 +162,20 @@ class Trainer:
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
         r = replace(r, engine=training_engine(r.engine, self.actor.hf_path))
-        self.engine = make_engine(r, self.actor.hf_path, self.actor.dtype, cfg.seed,
-                                  cfg.data.max_prompt_length + max(r.max_response_length,
-                                                                   self._validation()["max_tokens"]))
+        self.remote = r.placement == "disaggregated"  # the engines on the rollout ranks
+        self.engine = None if self.remote else make_engine(
+            r, self.actor.hf_path, self.actor.dtype, cfg.seed,
+            cfg.data.max_prompt_length + max(r.max_response_length,
+                                             self._validation()["max_tokens"]))
+        if self.remote:
+            self.stream = placement.RemoteStream(
+                placement.learner_bridge(cfg, dist.get_rank() if dist.is_initialized() else 0),
+                placement.engines(cfg), a.max_staleness, r.timeout_s)
+        else:
+            self.stream = RolloutStream(self._segment, r.segment_tokens if r.partial else
+                                        r.max_response_length, r.max_response_length,
+                                        a.max_staleness) if streaming(cfg) else None
+        in_flight = []  # a resumed run's prompts that were in flight: sampled again first
         self.step, cursor = 0, 0
         self.pass_rates = PassRates()  # the replay strategies' running pass rates
         self.best = None  # (val/acc, step) of the best validation so far
@@ -174,10 +189,17 @@ class Trainer:
             if self.offload:
                 self.actor.offload()
             self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
+            in_flight = extra.get("in_flight", [])
+            if self.stream is not None:
+                self.stream.calls = extra.get("stream_calls", 0)
             if is_rank0():
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
-            self.sync_weights()
+            self.sync_weights(self.step)
         self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
+        if in_flight and self.stream is not None:
+            self.dispatch(in_flight, [self.prompts.at(p) for p in in_flight], self.step)
+        if self.stream is not None and is_rank0():
+            print(asynchrony_line(cfg), flush=True)
 
     def resume(self) -> tuple[Path, dict]:
         """(checkpoint, its extra state) of the newest intact checkpoint, loaded: the one
@@ -292,7 +314,21 @@ class Trainer:
     def collect(self, examples: list[Example], step: int, batch: int = 0) -> list[Group]:
         """G' groups for ``examples``: fresh rollouts and replays, scored. ``batch`` counts the
         step's generation batches (dynamic sampling draws more), so each has its own seeds."""
-        a, r = self.cfg.algorithm, self.cfg.rollout
+        r = self.cfg.rollout
+        groups = self.plan(examples, step)
+        completions = generate_sharded(
+            self.engine, [g.prompt_ids for g in groups], [g.fresh_requested for g in groups],
+            r.tensor_parallel, seed=(self.cfg.seed * 100003 + step) * 1009 + batch,
+            temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_length)
+        for group, fresh in zip(groups, completions):
+            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
+                                    logprobs=c.logprobs) for c in fresh]
+        return self.complete(groups, step)
+
+    def plan(self, examples: list[Example], step: int) -> list[Group]:
+        """A group per example: its replays (the replay strategy's) and how many fresh answers
+        the engine must sample."""
+        a = self.cfg.algorithm
         groups = []
         for ex in examples:
             rate = self.pass_rates.rate(question_key(ex), self.pool.pass_rate(ex)) \
@@ -301,13 +337,12 @@ class Trainer:
                                         a.fill_absent, self.cfg.seed, step, a.replay_distinct,
                                         a.replay.strategy, rate, a.replay.priority_floor)
             groups.append(Group(ex, self._prompt_ids(ex), replays, fresh))
-        completions = generate_sharded(
-            self.engine, [g.prompt_ids for g in groups], [g.fresh_requested for g in groups],
-            r.tensor_parallel, seed=(self.cfg.seed * 100003 + step) * 1009 + batch,
-            temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_length)
-        for group, fresh in zip(groups, completions):
-            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
-                                    logprobs=c.logprobs) for c in fresh]
+        return groups
+
+    def complete(self, groups: list[Group], step: int) -> list[Group]:
+        """Groups whose fresh answers are sampled, scored, with their replays added and scored;
+        the pass rates take the fresh verdicts."""
+        a = self.cfg.algorithm
         self._score([(s, g.example) for g in groups for s in g.samples], f"step {step}")
         self.unscored += without_unscored(groups)  # not in the pass rates either
         for group in groups:
@@ -342,6 +377,8 @@ class Trainer:
         max_gen_batches generation batches in all; a batch still short then stops the run
         (short_batch=error, the reference's behaviour) or trains on the groups kept."""
         a = self.cfg.algorithm
+        if self.stream is not None:
+            return self.streamed_groups(step)
         if not a.dynamic_sampling:
             groups = self.collect(self.prompts.take(a.prompts_per_rollout), step)
             return groups, {"prompts_drawn": len(groups), "groups_dropped": 0,
@@ -363,6 +400,93 @@ class Trainer:
                 print(f"warning: {what}; training on them (algorithm.short_batch=train)", flush=True)
         return kept[:a.prompts_per_rollout], {"prompts_drawn": drawn, "groups_dropped": drawn - len(kept),
                                               "gen_batches": batches, "groups_short": short}
+
+    # ------------------------------------------------------------------ asynchronous rollout
+
+    def streamed_groups(self, step: int) -> tuple[list[Group], dict]:
+        """prompts_per_rollout groups from the rollout stream (``rollout/stream.py``): what
+        finished before this step first, the oldest first, then segments of generation until
+        enough have finished; prompts are drawn to keep prompts_per_rollout +
+        ``rollout.extra_prompts`` in flight. Dynamic sampling drops uninformative groups as
+        they finish and draws more, up to max_gen_batches x prompts_per_rollout prompts a step."""
+        a, r = self.cfg.algorithm, self.cfg.rollout
+        need = a.prompts_per_rollout
+        limit = need * (a.max_gen_batches or math.inf) + r.extra_prompts if \
+            a.dynamic_sampling else math.inf  # prompts drawn this step at most
+        kept, drawn, dropped, busy = [], 0, 0, 0.0
+        while len(kept) < need:
+            room = need - len(kept) + r.extra_prompts - len(self.stream.flights)
+            if room > 0 and drawn < limit:
+                count = int(min(room, limit - drawn))
+                first = self.prompts.cursor
+                self.dispatch(list(range(first, first + count)), self.prompts.take(count), step)
+                drawn += count
+            finished = self.stream.take(need - len(kept), self.step)
+            if finished:
+                groups = self.complete([self._landed(f) for f in finished], step)
+                for group in groups:
+                    if not a.dynamic_sampling or group.informative(a.filter_metric):
+                        kept.append(group)
+                    else:
+                        dropped += 1
+                continue
+            if not self.stream.pending():
+                break  # nothing left to sample this step: short (dynamic sampling's limit)
+            start = time.perf_counter()
+            self.stream.advance(self.step, (self.cfg.seed * 100003 + 99991) * 1009)
+            busy += time.perf_counter() - start
+        # the next step's prompts in flight now: disaggregated engines sample them while the
+        # learners train (a colocated engine when the next step starts)
+        room = need + r.extra_prompts - len(self.stream.flights)
+        if room > 0:
+            first = self.prompts.cursor
+            self.dispatch(list(range(first, first + room)), self.prompts.take(room), step + 1)
+        short = max(need - len(kept), 0)
+        if short and a.short_batch == "error":
+            raise RunError(f"step {step}: dynamic sampling kept {len(kept)} of {need} groups "
+                           f"from {drawn} prompts (algorithm.max_gen_batches); the questions are "
+                           "too easy or too hard for the policy: raise algorithm.max_gen_batches "
+                           "(0: no limit) or set algorithm.short_batch=train")
+        return kept, {"prompts_drawn": drawn, "groups_dropped": dropped,
+                      "gen_batches": math.ceil(drawn / need), "groups_short": short,
+                      "generating_s": busy}
+
+    def dispatch(self, positions: list[int], examples: list[Example], step: int) -> None:
+        """Prompts into the rollout stream, each planned as a group (its replays chosen now)."""
+        flights = []
+        for position, group in zip(positions, self.plan(examples, step)):
+            group.position = position
+            flights.append(Flight(position, group.prompt_ids, group.fresh_requested, group))
+        self.stream.dispatch(flights, self.step)
+
+    def _landed(self, flight: Flight) -> Group:
+        """A finished flight as its group, the fresh answers as samples."""
+        group = flight.payload
+        group.samples = [Sample(tuple(a.token_ids),
+                                self.tokenizer.decode(a.token_ids, skip_special_tokens=True),
+                                replay=False, finished=a.finished, logprobs=tuple(a.logprobs),
+                                versions=tuple(a.versions)) for a in flight.answers]
+        return group
+
+    def _segment(self, prompts: list, counts: list[int], seed: int, max_tokens: int) -> list:
+        """The rollout stream's engine: one segment of every prompt's answers."""
+        r = self.cfg.rollout
+        return generate_sharded(self.engine, prompts, counts, r.tensor_parallel, seed=seed,
+                                temperature=r.temperature, top_p=r.top_p, max_tokens=max_tokens)
+
+    def staleness_metrics(self, groups: list[Group]) -> dict:
+        """How many versions behind the trained fresh tokens were (each token against the
+        weights it trains), and the rollout stream's restarts."""
+        counts = Counter(self.step - v for g in groups for s in g.samples for v in s.versions)
+        total = sum(counts.values())
+        out = {"rollout/staleness_mean": sum(k * n for k, n in counts.items()) / total
+               if total else None, "rollout/staleness_max": max(counts, default=None),
+               "rollout/stale_regenerated": self.stream.regenerated,
+               "rollout/in_flight": len(self.stream.flights)}
+        for lag in range(self.cfg.algorithm.max_staleness + 1):
+            out[f"rollout/tokens_lag_{lag}"] = counts[lag] / total if total else None
+        self.stream.regenerated = 0
+        return out
 
     def update(self, groups: list[Group]) -> tuple[list[dict], dict]:
         """Old log-probs from the current policy, then one optimiser update per mini-batch of
@@ -420,32 +544,40 @@ class Trainer:
             self.actor.offload()
         return results, mismatch
 
-    def sync_weights(self) -> dict:
-        """Stream the actor's weights into the engine (every rank takes part in the export)."""
+    def sync_weights(self, version: int) -> dict:
+        """The actor's weights (policy ``version``: the updates applied) into the engines:
+        streamed into the colocated engine, or broadcast to the rollout ranks in buckets (every
+        rank takes part in the export)."""
         start = time.perf_counter()
         buckets = self.actor.export_hf()
-        if self.engine is not None:
+        if self.remote:
+            self.stream.weights(version, buckets)
+        elif self.engine is not None:
             self.engine.load_weights(buckets)
         else:
             for _ in buckets:  # the collectives of the export still need this rank
                 pass
         out = {"time/sync_s": time.perf_counter() - start}
         if self.cfg.rollout.check_sync:
-            out["sync/max_logprob_diff"] = self._sync_difference()
+            out["sync/max_logprob_diff"], out["sync/mean_logprob_diff"] = \
+                self._sync_difference()
         return out
 
-    def _sync_difference(self) -> float:
-        """Largest |log p_engine - log p_actor| over a fixed sequence (temperature 1)."""
+    def _sync_difference(self) -> tuple[float, float]:
+        """Largest and mean |log p_engine - log p_actor| over a fixed sequence (temperature 1)."""
         probe = self._prompt_ids(self.train_set[0])
         ids = torch.tensor([probe])
         actor = torch.log_softmax(self.actor.logits(ids)[0, :-1].float(), -1)
         actor = actor.gather(-1, ids[0, 1:, None])[:, 0]
-        diff = torch.zeros((), device=platform.device())
-        if self.engine is not None:
-            diff += (self.engine.sequence_logprobs(probe) - actor.cpu()).abs().max().item()
-        if dist.is_initialized():
+        diff = torch.zeros(2, device=platform.device())
+        engine = self.stream.request(("probe", probe)) if self.remote else \
+            self.engine.sequence_logprobs(probe) if self.engine is not None else None
+        if engine is not None:
+            gap = (engine - actor.cpu()).abs()
+            diff += torch.tensor([gap.max().item(), gap.mean().item()], device=diff.device)
+        if dist.is_initialized() and not self.remote:
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        return float(diff)
+        return float(diff[0]), float(diff[1])
 
     def validate(self, step: int) -> dict:
         """mean@n, pass@n and maj@n (n = validation.n) per held-out set and data source
@@ -455,9 +587,12 @@ class Trainer:
         statistics (megatron_rlep/paired.py)."""
         n, out, accs, errors, record = self.cfg.validation.n, {}, [], [], []
         for name, examples in self.eval_sets.items():
-            completions = generate_sharded(
-                self.engine, [self._prompt_ids(e) for e in examples], [n] * len(examples),
-                self.cfg.rollout.tensor_parallel, seed=self.cfg.seed, **self._validation())
+            prompts = [self._prompt_ids(e) for e in examples]
+            completions = self.stream.sample(prompts, [n] * len(examples), self.cfg.seed,
+                                               **self._validation()) if self.remote else \
+                generate_sharded(self.engine, prompts, [n] * len(examples),
+                                 self.cfg.rollout.tensor_parallel, seed=self.cfg.seed,
+                                 **self._validation())
             answers = [(i, j, e, c) for i, (e, group) in enumerate(zip(examples, completions))
                        for j, c in enumerate(group)]
             scores = self.scorer.score([Item(e.data_source, c.text, e.ground_truth, e.extra_info)
@@ -524,6 +659,9 @@ class Trainer:
         name = f"step-{step:06d}"
         self._room_for(f"checkpoints/{name}", self.disk["checkpoint"])
         extra = {"step": step, "cursor": self.prompts.cursor, "pass_rates": self.pass_rates.state()}
+        if self.stream is not None:  # what was in flight is sampled again on resume
+            extra["in_flight"] = [f.position for f in self.stream.flights]
+            extra["stream_calls"] = self.stream.calls
         pool = None
         if self.cfg.algorithm.replay.refresh and self.pool is not None:
             extra["live_pool"] = f"pool-{step:06d}"
@@ -595,13 +733,14 @@ class Trainer:
                     monitor.log(0, first, advance=False)
                 t0 = time.perf_counter()
                 groups, info = self.gather_groups(step)
+                stale = self.staleness_metrics(groups) if self.stream is not None else {}
                 t1 = time.perf_counter()
                 updates, mismatch = self.update(groups) if groups else ([], {})
                 if self.too_many_skipped():
                     self.stop_on_skipped(step)
                 t2 = time.perf_counter()
                 metrics.update(mismatch)
-                metrics.update(self.sync_weights() if updates else {})
+                metrics.update(self.sync_weights(step + 1) if updates else {})
                 if a.replay.refresh and self.pool is not None:
                     self.refresh_pool(groups, step)
                 self.step += 1
@@ -609,6 +748,16 @@ class Trainer:
                     metrics.update(self.validate(self.step))
                     metrics["val/best_kept"] = float(self.keep_best(self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
+                if self.remote:  # each side's waits on the other
+                    metrics.update(stale)
+                    metrics["time/learner_idle"], self.stream.idle = self.stream.idle, 0.0
+                    metrics["time/rollout_idle"], self.stream.rollout_idle = \
+                        self.stream.rollout_idle, 0.0
+                elif self.stream is not None:  # colocated: each idles while the other works
+                    metrics.update(stale)
+                    metrics["time/learner_idle"] = t1 - t0
+                    metrics["time/rollout_idle"] = (t1 - t0 - info["generating_s"]) + \
+                        (time.perf_counter() - t1)
                 metrics.update(self.scorer.take_counts())  # rewards that raised, timed out, ...
                 metrics["reward/unscored"], self.unscored = self.unscored, 0
                 if self.pool is not None:
@@ -637,6 +786,36 @@ class Trainer:
         finally:
             monitor.close()
             self.scorer.close()
+        if self.remote:  # a failed run says nothing more to the rollout ranks: its exit ends them
+            self.stream.stop()
+
+
+def streaming(cfg: Config) -> bool:
+    """Whether the trainer samples through the rollout stream (asynchronous rollout)."""
+    r = cfg.rollout
+    return cfg.algorithm.max_staleness > 0 or r.partial or bool(r.extra_prompts) or \
+        r.placement == "disaggregated"
+
+
+def asynchrony_line(cfg: Config) -> str:
+    """The start-up line that gives the effective staleness bound: the stream's, plus what a
+    step's later mini-batches and epochs add (each trains on answers sampled before the
+    step's earlier updates)."""
+    a, r = cfg.algorithm, cfg.rollout
+    updates = a.epochs * (a.prompts_per_rollout // a.prompts_per_update)
+    how = [f"{r.placement} engines"]
+    if r.partial:
+        how.append(f"partial rollouts in segments of {r.segment_tokens} tokens")
+    if r.extra_prompts:
+        how.append(f"{r.extra_prompts} prompts in flight beyond a step's")
+    bound = f"a group trains at most {a.max_staleness} policy versions after its oldest token"
+    if updates > 1:
+        bound += (f"; the step's {updates} updates add up to {updates - 1} more, so a token is "
+                  f"at most {a.max_staleness + updates - 1} updates behind the weights it trains")
+    fix = "" if a.correction.is_level or a.correction.rs_level else \
+        "; no importance weights between the sampling and the trained policy " \
+        "(algorithm.correction.is_level=token adds them)"
+    return f"asynchronous rollout: {', '.join(how)}; {bound}{fix}"
 
 
 def _any_rank(flag: bool) -> bool:
@@ -648,15 +827,44 @@ def _any_rank(flag: bool) -> bool:
 
 
 def _memory_metrics() -> dict:
-    """GPU memory of this rank's step: the torch allocator's peak (the actor; vLLM's sleep-mode
-    pool is outside it) and the device's use at the step's end (everything, vLLM included)."""
+    """This rank's memory at the step's end: the host's (its process and the children it
+    started: scorers, engines; vLLM's sleep mode parks weights there) and, on a GPU, the torch
+    allocator's peak (the actor; vLLM's sleep-mode pool is outside it) and the device's use
+    (everything, vLLM included)."""
+    out = {"perf/host_memory_gib": host_memory() / 2**30}
     if not torch.cuda.is_available():
-        return {}
+        return out
     free, total = torch.cuda.mem_get_info()
-    out = {"perf/peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "perf/device_memory_used_gib": (total - free) / 2**30}
+    out.update({"perf/peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "perf/device_memory_used_gib": (total - free) / 2**30})
     torch.cuda.reset_peak_memory_stats()
     return out
+
+
+def host_memory(pid: int | None = None) -> int:
+    """Resident bytes of process ``pid`` (this one) and its descendants, each process's
+    proportional share of pages it shares (PSS) where /proc gives it, else its RSS."""
+    pid = pid or os.getpid()
+    children, total = [pid], 0
+    while children:
+        current = children.pop()
+        try:
+            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
+            total += int(next(line.split()[1] for line in rollup.splitlines()
+                              if line.startswith("Pss:"))) * 1024
+        except (OSError, StopIteration, ValueError):
+            try:
+                total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * \
+                    os.sysconf("SC_PAGE_SIZE")
+            except OSError:
+                continue
+        for task in Path(f"/proc/{current}/task").glob("*/children") if \
+                Path(f"/proc/{current}/task").exists() else ():
+            try:
+                children += [int(c) for c in task.read_text().split()]
+            except OSError:
+                continue
+    return total
 
 
 def _sequences(groups: list[Group]) -> SequenceBatch:
@@ -724,12 +932,14 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
 
 def _dump(path: Path, groups: list[Group]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = [{"id": g.example.id, "prompt_ids": list(g.prompt_ids), "replays": g.replays,
+    data = [{"id": g.example.id, **({} if g.position is None else {"position": g.position}),
+             "prompt_ids": list(g.prompt_ids), "replays": g.replays,
              "fresh_requested": g.fresh_requested,
              "samples": [{"replay": s.replay, "response_ids": list(s.response_ids), "text": s.text,
                           "finished": s.finished, "reward": s.reward, "correct": s.correct,
                           "advantage": s.advantage, "logprobs": list(s.logprobs),
-                          "status": s.status}
+                          "status": s.status, **({"versions": list(s.versions)} if s.versions
+                                                 else {})}
                          for s in g.samples]} for g in groups]
     path.write_text(json.dumps(data))
 
@@ -756,6 +966,11 @@ def main(cfg: Config) -> None:
 
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-bucket parameter listings
     name_and_place(cfg)
+    if cfg.rollout.placement == "disaggregated":
+        role, index, learners = placement.split(cfg)
+        if role == "rollout":
+            placement.rollout_rank_main(cfg, index, learners)
+            return
     Trainer(cfg).run()
     if dist.is_initialized():
         dist.barrier()

@@ -1,0 +1,434 @@
+"""Disaggregated placement: some of the job's ranks run the rollout engines all the time, the
+others train (``rollout.placement=disaggregated``, ``rollout.ranks``).
+
+Under torchrun or srun every rank starts the same command. ``split(cfg)`` decides: the last
+``rollout.ranks`` ranks are rollout ranks (``rollout_rank_main``), the rest learners, whose
+process group, Megatron's and every collective of the trainer's, holds only the learners. The
+two sides meet on a *bridge*: a process group of its own (gloo for messages; the job's backend,
+NCCL on GPUs, for weights) of learner 0 and the rollout ranks, on ``MASTER_PORT + 2``.
+
+* The learner sends prompts (``Flight``s: a stream position, prompt ids, answers wanted) to the
+  rollout ranks, a rollout engine's ranks at a time, round-robin; each rollout rank keeps them
+  in its own ``RolloutStream`` and sends back every flight that finished, with its tokens'
+  versions and behaviour log-probs (``RemoteStream`` is the learner's view).
+* After each update the learners export the weights (a bucket at a time, gathered from their
+  TP/PP/EP shards by the export's own collectives) and learner 0 broadcasts each bucket to the
+  rollout ranks: no file, and never the whole model on one rank. The rollout ranks read them
+  between two segments of generation; with partial rollouts their unfinished answers go on under
+  the new weights, and vLLM's reload reshards the full tensors for the engine's own TP.
+* Validation and the weight-sync probe are requests too.
+
+A rollout rank that dies breaks the bridge and the learner stops in one sentence; one that
+hangs is given ``rollout.timeout_s``. Scoring, replay and checkpoints stay on the learners.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from megatron_rlep.rollout.stream import Answer, Flight, RolloutStream
+
+SIZE, DATA = 1, 2  # message tags: a length, then its bytes
+
+
+def split(cfg) -> tuple[str, int, int]:
+    """("learner" | "rollout", this rank's place on its side, the learners' count), from
+    torchrun's or srun's variables; a learner's WORLD_SIZE is set to the learners'."""
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    rollout = cfg.rollout.ranks
+    from megatron_rlep.config import ConfigError
+
+    if rollout >= world:
+        raise ConfigError(f"config key rollout.ranks={rollout} leaves no rank to train in a job "
+                          f"of {world}; start more ranks (torchrun --nproc_per_node, sbatch -N) "
+                          "or lower rollout.ranks")
+    learners = world - rollout
+    if rank < learners:
+        os.environ["WORLD_SIZE"], os.environ["RANK"] = str(learners), str(rank)
+        return "learner", rank, learners
+    return "rollout", rank - learners, learners
+
+
+class Bridge:
+    """Learner 0 (bridge rank 0) and the rollout ranks (1..R): pickled messages point to point
+    and bucket broadcasts."""
+
+    def __init__(self, rank: int, size: int, timeout_s: float):
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = int(os.environ.get("MASTER_PORT", "29500")) + 2
+        self.timeout = datetime.timedelta(seconds=max(timeout_s, 60))
+        self.store = dist.TCPStore(host, port, size, rank == 0, timeout=self.timeout)
+        self.rank, self.size = rank, size
+        self.messages = dist.ProcessGroupGloo(dist.PrefixStore("messages", self.store), rank,
+                                              size, self.timeout)
+        if torch.cuda.is_available():
+            self.weights = dist.ProcessGroupNCCL(dist.PrefixStore("weights", self.store), rank,
+                                                 size)
+        else:
+            self.weights = self.messages
+        self.inbox: dict[int, queue.Queue] = {}
+        peers = range(1, size) if rank == 0 else [0]
+        for peer in peers:  # gloo's receive completes only in wait(): a thread a peer waits
+            self.inbox[peer] = queue.Queue()
+            threading.Thread(target=self._read, args=(peer,), daemon=True,
+                             name=f"bridge-from-{peer}").start()
+
+    def _read(self, peer: int) -> None:
+        """Messages from ``peer`` into its inbox, until a last one (``stop``, ``stopped``,
+        ``error``) or a broken connection (then an ``error`` message of its own)."""
+        while True:
+            try:
+                size = torch.zeros(1, dtype=torch.int64)
+                self.messages.recv([size], peer, SIZE).wait()
+                data = torch.empty(int(size.item()), dtype=torch.uint8)
+                self.messages.recv([data], peer, DATA).wait()
+                message = pickle.loads(data.numpy().tobytes())
+            except Exception as err:  # noqa: BLE001 - the peer is gone: said once, in order
+                self.inbox[peer].put(("broken", f"{type(err).__name__}: {str(err)[:200]}"))
+                return
+            self.inbox[peer].put(message)
+            if message[0] in ("stop", "stopped", "error"):
+                return
+
+    def send(self, peer: int, message) -> None:
+        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+        self.messages.send([torch.tensor([len(data)], dtype=torch.int64)], peer, SIZE).wait()
+        self.messages.send([data], peer, DATA).wait()
+
+    def ready(self, peer: int) -> bool:
+        """Whether a message from ``peer`` is waiting."""
+        return not self.inbox[peer].empty()
+
+    def receive(self, peer: int, timeout_s: float | None = None):
+        """The next message from ``peer``; TimeoutError after ``timeout_s`` without one."""
+        try:
+            return self.inbox[peer].get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"nothing from bridge rank {peer} in {timeout_s:g} s") from None
+
+    def broadcast_buckets(self, buckets) -> int:
+        """Learner 0: each bucket's names, shapes and dtypes as a message to every rollout rank,
+        then its tensors as one flat broadcast; returns the bytes sent."""
+        sent = 0
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        for bucket in buckets:
+            header = [(name, tuple(t.shape), t.dtype) for name, t in bucket]
+            for peer in range(1, self.size):
+                self.send(peer, ("bucket", header))
+            flat = torch.cat([t.detach().reshape(-1).view(torch.uint8) for _, t in bucket])
+            flat = flat.to(device)
+            options = dist.BroadcastOptions()
+            options.rootRank = 0
+            self.weights.broadcast([flat], options).wait()
+            sent += flat.numel()
+        for peer in range(1, self.size):
+            self.send(peer, ("buckets done",))
+        return sent
+
+    def receive_buckets(self, timeout_s: float):
+        """A rollout rank: the buckets learner 0 broadcasts, one at a time, as the engine's
+        ``load_weights`` takes them."""
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        while True:
+            message = self.receive(0, timeout_s)
+            if message[0] == "buckets done":
+                return
+            header = message[1]
+            sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                     for _, shape, dtype in header]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+            options = dist.BroadcastOptions()
+            options.rootRank = 0
+            self.weights.broadcast([flat], options).wait()
+            tensors, start = [], 0
+            for (name, shape, dtype), size in zip(header, sizes):
+                tensors.append((name, flat[start:start + size].view(dtype).reshape(shape)))
+                start += size
+            yield tensors
+
+
+def learner_bridge(cfg, learner: int):
+    """Learner 0's end of the bridge (None on the other learners)."""
+    return Bridge(0, 1 + cfg.rollout.ranks, cfg.rollout.timeout_s) if learner == 0 else None
+
+
+def engines(cfg) -> list[list[int]]:
+    """The rollout engines as lists of bridge ranks (an engine of rollout.tensor_parallel
+    ranks; the first reports for it)."""
+    tp, ranks = cfg.rollout.tensor_parallel, cfg.rollout.ranks
+    from megatron_rlep.config import ConfigError
+
+    if ranks % tp:
+        raise ConfigError(f"config key rollout.ranks={ranks} is not a multiple of "
+                          f"rollout.tensor_parallel={tp}: each engine takes that many ranks")
+    return [list(range(1 + e * tp, 1 + (e + 1) * tp)) for e in range(ranks // tp)]
+
+
+class RemoteStream(RolloutStream):
+    """The learners' view of the rollout ranks' streams: flights are sent out (learner 0, round
+    robin over the engines) and come back finished; every learner holds the same flights,
+    learner 0 passing on what arrives. ``advance`` waits for the next finished flights, at
+    most ``timeout_s``."""
+
+    def __init__(self, bridge, engine_ranks: list[list[int]], max_staleness: int,
+                 timeout_s: float):
+        super().__init__(None, 0, 0, max_staleness)
+        self.bridge, self.engine_ranks, self.timeout_s = bridge, engine_ranks, timeout_s
+        self.turn = 0
+        self.idle = 0.0  # seconds the learners waited on the rollout ranks
+        self.stashed: list = []  # finished flights that came while a reply was awaited
+        self.rollout_idle = 0.0  # seconds the rollout ranks waited (the engines' reports)
+        self.waited = 0.0
+        self.failed = ""  # a send to a rollout rank that failed, said at the next wait
+
+    def dispatch(self, flights: list[Flight], version: int) -> None:
+        super().dispatch(flights, version)
+        self._send([(f.position, f.prompt_ids, f.count) for f in flights])
+
+    def started(self, flight: Flight) -> int | None:
+        """The rollout ranks report no partial progress: a flight sent out counts as started
+        at the version it was sent (its tokens can be no older)."""
+        return flight.oldest() if flight.answers else flight.dispatched
+
+    def restart(self, flight: Flight, version: int) -> None:
+        super().restart(flight, version)
+        self._send([(flight.position, flight.prompt_ids, flight.count)])
+
+    def _send(self, work: list) -> None:
+        """Learner 0 sends; a failure is kept and said by the next wait, on every learner at
+        once (the learners must leave together)."""
+        if self.bridge is None or not work:
+            return
+        for i, item in enumerate(work):  # spread over the engines
+            engine = self.engine_ranks[(self.turn + i) % len(self.engine_ranks)]
+            for rank in engine:
+                try:
+                    self.bridge.send(rank, ("work", [item]))
+                except RuntimeError as err:
+                    self.failed = self.failed or gone(rank, err)
+        self.turn += len(work)
+
+    def advance(self, version: int, seed: int) -> int:
+        """The flights that finished since, from every engine (waits for the first)."""
+        start = time.monotonic()
+        self.waited = 0.0
+        landed, waited = self._from_learner0(lambda: (self._landed(), self.waited))
+        self.idle += time.monotonic() - start
+        self.rollout_idle += waited
+        by_position = {f.position: f for f in self.flights}
+        tokens = 0
+        for position, answers in landed:
+            flight = by_position.get(position)
+            if flight is not None and not flight.done:
+                flight.answers = [Answer(list(ids), list(lp), list(v), fin, True)
+                                  for ids, lp, v, fin in answers]
+                tokens += sum(len(a.token_ids) for a in flight.answers)
+        return tokens
+
+    def _landed(self) -> list:
+        if self.failed:
+            raise RolloutRankError(self.failed)
+        deadline = time.monotonic() + self.timeout_s
+        landed, self.stashed = self.stashed, []
+        while not landed:
+            for engine in self.engine_ranks:
+                while self.bridge.ready(engine[0]):
+                    message = self._message(engine[0])
+                    landed += message[1]
+                    self.waited += message[2] / len(self.engine_ranks)
+            if not landed:
+                if time.monotonic() > deadline:
+                    raise RolloutRankError(
+                        f"the rollout ranks sent nothing for {self.timeout_s:g} s "
+                        "(rollout.timeout_s): one hung or died; its log says which")
+                time.sleep(0.002)
+        return landed
+
+    def _message(self, rank: int, timeout_s: float | None = None) -> tuple:
+        """The next message from bridge rank ``rank``; its failure raised."""
+        message = self.bridge.receive(rank, timeout_s)
+        if message[0] == "error":
+            raise RolloutRankError(f"rollout rank {rank} failed: {message[1]}")
+        if message[0] == "broken":
+            raise RolloutRankError(gone(rank, message[1]))
+        return message
+
+    def _reply(self, rank: int):
+        """The reply awaited from ``rank``; finished flights that come first are kept."""
+        while True:
+            message = self._message(rank, self.timeout_s)
+            if message[0] != "landed":
+                return message[1]
+            self.stashed += message[1]
+            self.waited += message[2] / len(self.engine_ranks)
+
+    def request(self, message: tuple):
+        """Learner 0 asks engine 0 (``validate``, ``probe``) and every learner gets the reply."""
+        def ask():
+            for rank in self.engine_ranks[0]:
+                self.bridge.send(rank, message)
+            return self._reply(self.engine_ranks[0][0])
+        return self._from_learner0(ask)
+
+    def sample(self, prompts, counts, seed, **sampling) -> list:
+        """Validation's answers, split over the engines as ``generate_sharded`` splits them."""
+        def ask():
+            shares = [list(range(e, len(prompts), len(self.engine_ranks)))
+                      for e in range(len(self.engine_ranks))]
+            for engine, mine in zip(self.engine_ranks, shares):
+                for rank in engine:
+                    self.bridge.send(rank, ("generate", [prompts[i] for i in mine],
+                                            [counts[i] for i in mine], mine, seed, sampling))
+            out = [None] * len(prompts)
+            for engine, mine in zip(self.engine_ranks, shares):
+                for i, completions in zip(mine, self._reply(engine[0])):
+                    out[i] = completions
+            return out
+        return self._from_learner0(ask)
+
+    def weights(self, version: int, buckets) -> None:
+        """Learner 0 broadcasts the buckets to the rollout ranks; every learner runs the whole
+        export (its collectives), and a broken bridge stops them all in one sentence."""
+        def broadcast():
+            if not self.failed:
+                try:
+                    for engine in self.engine_ranks:
+                        for rank in engine:
+                            self.bridge.send(rank, ("weights", version))
+                    self.bridge.broadcast_buckets(buckets)
+                except RuntimeError as err:
+                    self.failed = gone(0, err)
+            for _ in buckets:  # what is left of the export, for its collectives
+                pass
+            if self.failed:
+                raise RolloutRankError(self.failed)
+        if self.bridge is None:
+            for _ in buckets:
+                pass
+        self._from_learner0(broadcast)
+
+    def stop(self) -> None:
+        """The rollout ranks told to stop, and their goodbyes awaited (a few seconds at most),
+        so that no receive is left open when the processes end."""
+        if self.bridge is None:
+            return
+        for engine in self.engine_ranks:
+            for rank in engine:
+                try:
+                    self.bridge.send(rank, ("stop",))
+                    while self.bridge.receive(rank, 30)[0] not in ("stopped", "error", "broken"):
+                        pass
+                except (RuntimeError, TimeoutError):
+                    pass  # a rank that is gone already
+
+    def _from_learner0(self, work):
+        """``work()`` on learner 0, its result (or its failure, in one sentence) on every
+        learner."""
+        box = [None]
+        if self.bridge is not None:
+            try:
+                box[0] = ("ok", work())
+            except (RolloutRankError, RuntimeError, TimeoutError) as err:
+                box[0] = ("error", str(err) if isinstance(err, RolloutRankError) else
+                          f"the bridge to the rollout ranks broke ({type(err).__name__}: "
+                          f"{str(err)[:200]}): a rollout rank died; its log says why")
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)
+        kind, value = box[0]
+        if kind == "error":
+            from megatron_rlep.config import RunError
+
+            raise RunError(value)
+        return value
+
+
+class RolloutRankError(RuntimeError):
+    pass
+
+
+def gone(rank: int, why) -> str:
+    """One sentence for a rollout rank that died (the bridge broke) or hung (it timed out)."""
+    who = f"rollout rank {rank}" if rank else "a rollout rank"
+    if "timeout" in str(why).lower() or "timed out" in str(why).lower():
+        return (f"{who} stopped answering: the bridge to it timed out ({str(why)[:200]}); it "
+                "hung or its node stalls; its log says what it was doing")
+    return f"{who} is gone: the bridge to it broke ({str(why)[:200]}); its log says why"
+
+
+def rollout_rank_main(cfg, index: int, learners: int) -> None:
+    """A rollout rank: its engine, its stream of flights, and the learner's requests, until
+    told to stop. A failure is sent to learner 0 in one line before this rank exits."""
+    from megatron_rlep.builtin_model import resolve_model_path
+    from megatron_rlep.platform import compute_dtype
+    from megatron_rlep.rollout import make_engine
+
+    r, a = cfg.rollout, cfg.algorithm
+    bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s)
+    try:
+        if r.tensor_parallel > 1:  # the engine's ranks: a process group of their own
+            os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks),
+                              MASTER_PORT=str(int(os.environ.get("MASTER_PORT", "29500")) + 1))
+            dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+        path = resolve_model_path(cfg.model.path)
+        engine = make_engine(r, path, compute_dtype(cfg.model.dtype), cfg.seed,
+                             cfg.data.max_prompt_length + r.max_response_length)
+        report = index % r.tensor_parallel == 0
+
+        def generate(prompts, counts, seed, max_tokens):
+            return engine.generate(prompts, counts, seed=seed, temperature=r.temperature,
+                                   top_p=r.top_p, max_tokens=max_tokens)
+
+        stream = RolloutStream(generate, r.segment_tokens if r.partial else r.max_response_length,
+                               r.max_response_length, a.max_staleness)
+        version, base = 0, (cfg.seed * 100003 + 7 + index // r.tensor_parallel) * 1009
+        idle = 0.0  # seconds without work or loading weights since the last report
+        while True:
+            if not stream.pending() or bridge.ready(0):
+                start = time.monotonic()
+                message = bridge.receive(0, None)
+                kind = message[0]
+                if kind == "stop":
+                    bridge.send(0, ("stopped",))
+                    return
+                if kind == "broken":
+                    raise RolloutRankError(f"the bridge to learner 0 broke ({message[1]})")
+                if kind == "work":
+                    stream.dispatch([Flight(p, ids, n) for p, ids, n in message[1]], version)
+                elif kind == "weights":
+                    version = message[1]
+                    engine.load_weights(bridge.receive_buckets(r.timeout_s))
+                if kind in ("work", "weights"):
+                    idle += time.monotonic() - start
+                elif kind == "generate":
+                    _, prompts, counts, places, seed, sampling = message
+                    from megatron_rlep.rollout.base import request_seed
+                    out = engine.generate(prompts, counts, seed=[request_seed(seed, i)
+                                                                 for i in places], **sampling)
+                    if report:
+                        bridge.send(0, ("generated", out))
+                elif kind == "probe":
+                    if report:
+                        bridge.send(0, ("probed", engine.sequence_logprobs(message[1])))
+                continue
+            stream.advance(version, base)
+            landed = stream.take(len(stream.flights), version)
+            if landed and report:
+                bridge.send(0, ("landed", [(f.position, [(a.token_ids, a.logprobs, a.versions,
+                                                          a.finished) for a in f.answers])
+                                           for f in landed], idle))
+                idle = 0.0
+    except Exception as err:  # noqa: BLE001 - told to the learner in one line
+        try:
+            bridge.send(0, ("error", f"{type(err).__name__}: {str(err)[:300]}"))
+            bridge.receive(0, 60)  # the learner's stop: it ends the run in its own words first
+        finally:
+            raise

@@ -1,0 +1,161 @@
+"""Generation that does not wait for the longest answer: prompts in flight, their answers grown a
+segment at a time, every token tagged with the version of the policy that sampled it.
+
+The synchronous trainer asks the engine for all of a step's answers and waits for the longest.
+A ``RolloutStream`` holds prompts in flight instead (``Flight``: a group and its answers so far):
+
+* ``dispatch(flights)`` adds prompts, each with the number of fresh answers it needs;
+* ``advance(version)`` gives every unfinished answer up to ``segment`` more tokens (a prompt's
+  first segment samples its answers together; later ones continue each answer from its own
+  tokens, so after a weight update they go on under the new policy: a partial rollout). Before
+  that, a flight whose oldest token is already more than ``max_staleness`` versions behind is
+  started again, since it could never be trained (counted: ``regenerated``);
+* ``take(count, version)`` returns up to ``count`` whole flights (every answer ended: on an end
+  of sequence or at the response limit), the oldest first. A flight whose oldest token is
+  ``max_staleness`` versions behind is *due*: this update is its last chance, so ``take``
+  returns nothing until every due flight has finished, and takes those first. A long answer is
+  waited for rather than dropped, so slow, hard prompts are not starved and training does not
+  lean to short answers; no token trains more than ``max_staleness`` versions after it was
+  sampled. Only flights beyond ``count`` that are due (more over-provisioned prompts than
+  updates can take) are started again, counted (``regenerated``).
+
+Continuing an answer resubmits its prompt and tokens, so the engine recomputes their KV cache
+(vLLM's prefix cache keeps it while the weights are unchanged). The engine is a function
+(``generate(prompts, counts, seed, max_tokens) -> [[Completion]]``); this module knows nothing
+of Megatron, rewards or replay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from megatron_rlep.rollout.base import Completion
+
+
+@dataclass
+class Answer:
+    token_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    versions: list = field(default_factory=list)  # the policy version of each token
+    finished: bool = False  # ended on an end-of-sequence id
+    done: bool = False  # finished, or at the response limit
+
+
+@dataclass
+class Flight:
+    """One prompt in flight: ``position`` in the prompt stream, what is to be sampled, and its
+    answers so far; ``payload`` is the caller's (the trainer's group)."""
+    position: int
+    prompt_ids: tuple
+    count: int
+    payload: object = None
+    dispatched: int = 0  # the version current when it joined (or was started again)
+    answers: list = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.answers) and all(a.done for a in self.answers) or self.count == 0
+
+    def oldest(self) -> int:
+        """The version of its oldest token (the one it joined at, before any)."""
+        return min((a.versions[0] for a in self.answers if a.versions), default=self.dispatched)
+
+
+def lags(flights: list, version: int) -> Counter:
+    """How many tokens of ``flights`` are k versions behind ``version``, by k."""
+    return Counter(version - v for f in flights for a in f.answers for v in a.versions)
+
+
+class RolloutStream:
+    def __init__(self, generate, segment: int, max_tokens: int, max_staleness: int):
+        self.generate, self.segment, self.max_tokens = generate, segment, max_tokens
+        self.max_staleness = max_staleness
+        self.flights: list[Flight] = []
+        self.regenerated = 0  # flights started again for staleness, since the last count
+        self.calls = 0  # engine calls so far: each its own seed
+
+    def dispatch(self, flights: list[Flight], version: int) -> None:
+        for flight in flights:
+            flight.dispatched, flight.answers = version, []
+        self.flights += flights
+
+    def pending(self) -> list[Flight]:
+        return [f for f in self.flights if not f.done]
+
+    def started(self, flight: Flight) -> int | None:
+        """The version of ``flight``'s oldest token, None before it has one."""
+        return flight.oldest() if any(a.versions for a in flight.answers) else None
+
+    def advance(self, version: int, seed: int) -> int:
+        """One segment for every unfinished answer (and a flight too stale ever to train
+        started again first); returns how many tokens were sampled."""
+        for flight in self.flights:
+            oldest = self.started(flight)
+            if oldest is not None and not flight.done and version - oldest > self.max_staleness:
+                self.restart(flight, version)
+        prompts, counts, targets = [], [], []
+        for flight in self.pending():
+            if not flight.answers:
+                prompts.append(tuple(flight.prompt_ids))
+                counts.append(flight.count)
+                targets.append((flight, None))
+            else:
+                for answer in flight.answers:
+                    if not answer.done:
+                        prompts.append(tuple(flight.prompt_ids) + tuple(answer.token_ids))
+                        counts.append(1)
+                        targets.append((flight, answer))
+        if not prompts:
+            return 0
+        limits = [self.max_tokens - (len(a.token_ids) if a else 0) for _, a in targets]
+        segment = min(self.segment, max(limits))
+        results = self.generate(prompts, counts, seed + self.calls, segment)
+        self.calls += 1
+        sampled = 0
+        for (flight, answer), limit, completions in zip(targets, limits, results):
+            if answer is None:
+                flight.answers = [Answer() for _ in completions]
+                pairs = zip(flight.answers, completions)
+            else:
+                pairs = [(answer, completions[0])]
+            for a, c in pairs:
+                sampled += extend(a, c, version, min(segment, limit), limit)
+        return sampled
+
+    def restart(self, flight: Flight, version: int) -> None:
+        """``flight`` sampled again from its start (too stale to train), counted."""
+        flight.dispatched, flight.answers = version, []
+        self.regenerated += 1
+
+    def take(self, count: int, version: int) -> list[Flight]:
+        """Up to ``count`` finished flights for the update at ``version``: none while a due flight
+        (this update is its last within the bound) is still sampling; due ones first, then the
+        oldest. A finished flight already past the bound is started again, counted."""
+        bound = self.max_staleness
+        for flight in self.flights:
+            oldest = self.started(flight)
+            if oldest is not None and flight.done and version - oldest > bound:
+                self.restart(flight, version)
+        due = [f for f in self.flights if self.started(f) is not None and
+               version - self.started(f) >= bound]
+        if any(not f.done for f in due):
+            return []
+        ready = [f for f in self.flights if f.done and f.count]
+        ready.sort(key=lambda f: (f.oldest(), f.position))
+        taken = ready[:count]
+        chosen = {id(f) for f in taken}
+        self.flights = [f for f in self.flights if id(f) not in chosen]
+        return taken
+
+
+def extend(answer: Answer, completion: Completion, version: int, asked: int, limit: int) -> int:
+    """``completion``'s tokens added to ``answer`` (``asked`` tokens were asked for, ``limit``
+    were left before the response limit); returns how many."""
+    ids = list(completion.token_ids)
+    answer.token_ids += ids
+    answer.logprobs += list(completion.logprobs)
+    answer.versions += [version] * len(ids)
+    answer.finished = completion.finished
+    answer.done = completion.finished or len(ids) >= limit or len(ids) < asked
+    return len(ids)

@@ -1,0 +1,180 @@
+"""Asynchronous rollout for real (megatron_rlep/rollout/stream.py, megatron_rlep/placement.py):
+the synchronous trainer unchanged, bit for bit, against the commit before asynchronous rollout
+came; the rollout stream through a kill -9 and a resume with every prompt of the stream trained
+exactly once and no token past the bound; disaggregated placement under torchrun (two learners,
+one rollout rank) that runs, resumes, checks its weight broadcast, and ends in one sentence
+when the rollout rank dies."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from speed import scaled
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import tiny  # noqa: E402
+from launch import env, launcher  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+BEFORE = "5458e4981b8fb33c926040c096ee1cb5173c4a60"  # the last commit of the synchronous trainer
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny.make_model(tmp_path_factory.mktemp("async") / "model")
+
+
+def tiny_args(model, run_dir, steps, *extra) -> list[str]:
+    return [f"model.path={model}", "data.train_size=16", "data.levels=[1,2]", "data.eval_size=4",
+            "algorithm.prompts_per_rollout=4", "algorithm.prompts_per_update=2",
+            "algorithm.rollouts_per_prompt=3", "algorithm.replay_per_prompt=0",
+            f"algorithm.total_steps={steps}", "algorithm.lr=1e-3", "algorithm.warmup_steps=0",
+            "algorithm.overlong_buffer=4", "rollout.engine=transformers",
+            "rollout.max_response_length=12", "logging.wandb=disabled",
+            "logging.dump_batches=true", "logging.eval_every=0", "logging.save_every=1",
+            "logging.progress=false", f"run_dir={run_dir}", *extra]
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.e2e
+def test_the_synchronous_trainer_writes_the_same_metrics_as_before(tmp_path):
+    """max_staleness 0, colocated: the demo's job (3 steps, a validation) by this checkout and by
+    the commit before asynchronous rollout, one thread each (two threads' sums are not
+    reproducible run to run on a CPU); every figure but times and memory the same."""
+    if subprocess.run(["git", "cat-file", "-e", f"{BEFORE}^{{commit}}"], cwd=REPO).returncode:
+        pytest.fail(f"commit {BEFORE} is not in this clone; fetch the whole history")
+    before = tmp_path / "before"
+    subprocess.run(["git", "worktree", "add", "--detach", str(before), BEFORE], cwd=REPO,
+                   check=True, capture_output=True)
+    try:
+        args = ["experiment=cpu_demo", "algorithm.replay_per_prompt=0", "algorithm.total_steps=3",
+                "logging.eval_every=2", "logging.save_every=0", "logging.wandb=disabled",
+                "logging.progress=false"]
+        for where, run in ((before, "old"), (REPO, "new")):
+            argv = [sys.executable, "-m", "megatron_rlep.train", *args,
+                    f"run_dir={tmp_path / run}"]
+            done = subprocess.run(argv, cwd=where, capture_output=True, text=True,
+                                  timeout=scaled(900), env=dict(env(argv), OMP_NUM_THREADS="1"))
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO)
+    old, new = rows(tmp_path / "old"), rows(tmp_path / "new")
+    assert len(old) == len(new) == 4
+
+    def figures(row):
+        return {k: v for k, v in row.items() if not k.startswith(("time", "perf/"))}
+    assert [figures(r) for r in new] == [figures(r) for r in old]
+    assert "asynchronous rollout" not in done.stdout
+
+
+@pytest.mark.e2e
+def test_every_prompt_trains_once_across_a_kill_9_within_the_bound(model, tmp_path):
+    """Partial rollouts of 3 tokens, 2 prompts over-provisioned, N = 1, a checkpoint every step:
+    killed with SIGKILL after a checkpoint, the same command resumes; the trained groups'
+    stream positions are each used once and, with those in flight at the end, are exactly the
+    positions handed out; no fresh token trained more than 1 version behind."""
+    run_dir = tmp_path / "run"
+    extra = ("algorithm.max_staleness=1", "rollout.partial=true", "rollout.segment_tokens=3",
+             "rollout.extra_prompts=2")
+    argv = [*launcher(1), "-m", "megatron_rlep.train", *tiny_args(model, run_dir, 6, *extra)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env(argv), start_new_session=True)
+    deadline = time.time() + scaled(600)
+    while proc.poll() is None and time.time() < deadline and not (
+            (run_dir / "checkpoints" / "latest").exists() and
+            (run_dir / "checkpoints" / "latest").read_text().strip() >= "step-000002"):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.communicate()[0]
+    assert "asynchronous rollout: colocated engines, partial rollouts in segments of 3" in out
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(600),
+                          env=env(argv))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "resuming from" in done.stdout
+    trained, lags = [], []
+    for step in range(6):
+        groups = json.loads((run_dir / "batches" / f"step-{step:06d}.json").read_text())
+        assert len(groups) == 4
+        for g in groups:
+            trained.append(g["position"])
+            assert len(g["samples"]) == 3  # whole groups
+            lags += [step - v for s in g["samples"] for v in s["versions"]]
+    assert len(trained) == len(set(trained))  # none twice
+    extra_state = json.loads((run_dir / "checkpoints" / "step-000006" /
+                              "actor_checkpoint.json").read_text())["extra"]
+    assert sorted(trained + extra_state["in_flight"]) == list(range(extra_state["cursor"]))
+    assert max(lags) <= 1 and min(lags) >= 0
+    last = rows(run_dir)[-1]
+    assert last["rollout/staleness_max"] <= 1 and last["rollout/stale_regenerated"] >= 0
+    assert abs(last["rollout/tokens_lag_0"] + last["rollout/tokens_lag_1"] - 1) < 1e-9
+
+
+def torchrun(model, run_dir, steps, *extra, timeout=600):
+    argv = [*launcher(3), "-m", "megatron_rlep.train",
+            *tiny_args(model, run_dir, steps, "rollout.placement=disaggregated", "rollout.ranks=1",
+                       "algorithm.max_staleness=1", "rollout.check_sync=true", *extra)]
+    return argv, env(argv)
+
+
+@pytest.mark.e2e
+def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sentence(
+        model, tmp_path):
+    run_dir = tmp_path / "run"
+    argv, environment = torchrun(model, run_dir, 2)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),
+                          env=environment)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "asynchronous rollout: disaggregated engines" in done.stdout
+    first = rows(run_dir)
+    assert [r["step"] for r in first] == [1, 2]
+    for r in first:  # right after each broadcast the rollout rank's engine is the actor
+        assert r["sync/max_logprob_diff"] < 1e-3 and r["sync/mean_logprob_diff"] < 1e-4, r
+        assert r["rollout/staleness_max"] <= 1
+    # the same command with more steps resumes on both sides
+    argv, environment = torchrun(model, run_dir, 3)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),
+                          env=environment)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3] and "resuming from" in done.stdout
+    # a rollout rank killed mid-run: the learners stop in one sentence, well within the timeout
+    argv, environment = torchrun(model, tmp_path / "dies", 40, "rollout.timeout_s=300")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=environment, start_new_session=True)
+    metrics = tmp_path / "dies" / "metrics.jsonl"
+    deadline = time.time() + scaled(600)
+    while proc.poll() is None and time.time() < deadline and not (
+            metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.2)
+    rollout = rollout_rank_pid(proc.pid)
+    os.kill(rollout, signal.SIGKILL)
+    killed = time.time()
+    out = proc.communicate(timeout=scaled(300))[0]
+    took = time.time() - killed
+    sentence = [line for line in out.splitlines() if line.startswith("error: ") and
+                "is gone: the bridge to it broke" in line]
+    assert sentence, out[-3000:]
+    assert sentence[0].endswith("its log says why") and "rollout rank" in sentence[0]
+    assert took < 120, took
+
+
+def rollout_rank_pid(torchrun_pid: int) -> int:
+    """The worker torchrun started as the last rank (RANK=2 in its environment)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().split()[3])
+        except OSError:
+            continue
+        if b"RANK=2" in environ and b"LOCAL_RANK=2" in environ and parent == torchrun_pid:
+            return int(entry.name)
+    raise AssertionError("no rollout rank found under torchrun")
