@@ -13,6 +13,8 @@
 #   SOCKET_IFNAME       network interface for NCCL's and gloo's bootstrap sockets (sets
 #                       NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unless those are set)
 #   PREFLIGHT=0         skip the preflight (scripts/check_env.py --preflight on every node)
+#   ROLLOUT_NODES       train.sbatch: the allocation's last N nodes run the rollout engines
+#                       (rollout.placement=disaggregated rollout.ranks=N x NPROC_PER_NODE)
 
 set -euo pipefail
 REPO=${MEGATRON_RLEP_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
@@ -82,6 +84,44 @@ claim_run_dir() {
         exit 2
     fi
     echo "$JOB_ID" > "$owner"
+}
+
+# rollout_split ARGS...: disaggregated placement on whole nodes of this allocation. torchrun
+# numbers ranks node by node, so ROLLOUT_NODES=N makes the last N nodes' ranks the job's last
+# ones, the rollout ranks: ROLLOUT_ARGS becomes rollout.placement=disaggregated
+# rollout.ranks=N x NPROC_PER_NODE. A split that is not whole nodes (ROLLOUT_NODES or a
+# rollout.ranks= argument) or leaves no node to train stops the job here, before any srun.
+rollout_split() {
+    ROLLOUT_ARGS=()
+    local nodes=${ROLLOUT_NODES:-} ranks="" arg what
+    for arg in "$@"; do
+        case $arg in rollout.ranks=*) ranks=${arg#rollout.ranks=} ;; esac
+    done
+    what="ROLLOUT_NODES=$nodes"
+    if [ -n "$ranks" ]; then
+        [ -z "$nodes" ] || split_error "ROLLOUT_NODES=$nodes and rollout.ranks=$ranks both set" \
+            "the split; give ROLLOUT_NODES alone"
+        [[ $ranks =~ ^[0-9]+$ ]] && (( ranks % NPROC_PER_NODE == 0 )) || split_error \
+            "rollout.ranks=$ranks is not whole nodes of $NPROC_PER_NODE ranks; on Slurm the" \
+            "rollout ranks are whole nodes: give ROLLOUT_NODES=N instead"
+        nodes=$(( ranks / NPROC_PER_NODE )) what="rollout.ranks=$ranks"
+    fi
+    [[ ${nodes:-0} =~ ^[0-9]+$ ]] || split_error "ROLLOUT_NODES=$nodes is not a whole number of" \
+        "nodes; give how many of the job's nodes run the engines, e.g. ROLLOUT_NODES=2"
+    nodes=$(( 10#${nodes:-0} ))
+    [ "$nodes" -gt 0 ] || return 0
+    (( nodes < SLURM_JOB_NUM_NODES )) || split_error "$what leaves no training node in a job" \
+        "of $SLURM_JOB_NUM_NODES node(s); submit with more nodes (sbatch -N) or fewer rollout nodes"
+    [ -z "$ranks" ] || return 0  # the command line's own split, whole nodes: passed as it is
+    ROLLOUT_ARGS=(rollout.placement=disaggregated rollout.ranks=$(( nodes * NPROC_PER_NODE )))
+    echo "placement: disaggregated, the last $nodes of $SLURM_JOB_NUM_NODES nodes (ranks" \
+         "$(( (SLURM_JOB_NUM_NODES - nodes) * NPROC_PER_NODE ))-$(( SLURM_JOB_NUM_NODES * NPROC_PER_NODE - 1 )))" \
+         "run the rollout engines, the other $(( SLURM_JOB_NUM_NODES - nodes )) train"
+}
+
+split_error() {
+    echo "error: $*" >&2
+    exit 2
 }
 
 # launch ARGS...: a preflight on every node, then one torchrun per node through srun (all the

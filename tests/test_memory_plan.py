@@ -1,5 +1,6 @@
 """tools/memory_plan.py: each term by hand on a tiny architecture, and the paper presets fitting
-an 80 GB H100 (79.2 GiB usable) by the plan (the numbers of docs/scaling.md)."""
+an 80 GB H100 (79.2 GiB usable) by the plan (the numbers of docs/scaling.md); with disaggregated
+placement a learner's plan and a rollout rank's, by hand at a 7B shape."""
 
 import subprocess
 import sys
@@ -112,6 +113,84 @@ def test_a_moe_preset_gets_a_layout_that_fits_two_nodes():
     assert "parallel.expert_parallel=16" in overrides, first.stdout
     second = plan(*overrides)
     assert second.returncode == 0 and "fits" in second.stdout.split("peak ")[-1], second.stdout
+
+
+def test_disaggregated_learner_terms_by_hand():
+    """A learner: the actor's terms with the whole GPU (no vLLM share, none asleep) and the
+    export in flight: the bucket and learner 0's flat copy of it, each up to max(bucket, L),
+    and the next tensor's gather (3L at TP > 1, 2L at PP > 1, its copy alone otherwise)."""
+    arch = memory_plan.Arch(4, 2, 2, 1, 2, 8, 10, False)  # test_terms_by_hand's
+    # L: the fused gate/up, 2 x 8 x 4 = 64 elements (the embedding 40, qkv 8 x 4), 128 bytes
+    assert memory_plan.largest_tensor(arch) == 64
+    r = memory_plan.learner_plan(arch, 2, 1, 4, 10, 6, bucket_bytes=100,
+                                 vllm_utilization=0.5, gpu_bytes=1000)
+    assert r["export"] == 2 * 128 + 3 * 128  # a bucket smaller than L: L is a bucket of its own
+    static = 400 + 800 + 600 + memory_plan.CUDA_CONTEXT + memory_plan.NCCL + memory_plan.FRAGMENTATION
+    assert r["vllm_rollout"] == r["vllm_asleep"] == 0  # the engine is not on this GPU
+    assert r["update_peak"] == static + 1360 + 720 + 80 and r["export_peak"] == static + 640
+    assert r["peak"] == r["update_peak"]
+    assert memory_plan.learner_plan(arch, 2, 1, 4, 10, 6, bucket_bytes=1000)["export"] == \
+        2 * 1000 + 3 * 128
+    assert memory_plan.learner_plan(arch, 1, 2, 1, 10, 6, bucket_bytes=100)["export"] == 4 * 128
+    assert memory_plan.learner_plan(arch, 1, 1, 8, 10, 6, bucket_bytes=100)["export"] == 3 * 128
+    # the trainer's buckets are the export's default
+    source = (REPO / "megatron_rlep" / "actor" / "bridge.py").read_text()
+    assert "bucket_bytes: int = 256 << 20" in source and memory_plan.EXPORT_BUCKET == 256 << 20
+
+
+def test_disaggregated_rollout_rank_of_a_7b_model_by_hand():
+    """A rollout rank of an engine of TP 2 for Qwen2.5-7B at 0.9 of an 80 GB H100: vLLM's
+    share, and beside it the context, one bucket's receive buffer and two communicators."""
+    arch = memory_plan.Arch(*memory_plan.ARCHS["qwen2.5-7b"])
+    assert arch.params() == 7_615_616_512
+    gpu = 79.2 * 2**30
+    r = memory_plan.rollout_plan(arch, 2, 0.9, gpu, bucket_bytes=256 << 20)
+    assert r["vllm_weights"] == 2 * 7_615_616_512 / 2  # bf16, half on each rank of the engine
+    # its reserve: 16,384 tokens x (3 x 18,944 + 2 x 3,584) x 2 bytes / 2, the sampler's
+    # 1,024 x 152,064 x 8 bytes, and the graph pool
+    assert r["vllm_reserve"] == 1_048_576_000 + 1_245_708_288 + 2**30 == 3_368_026_112
+    assert r["vllm_kv_cache"] == 0.9 * gpu - 7_615_616_512 - 3_368_026_112  # 61.1 GiB
+    # a token's K and V over 28 layers of 4 heads x 128 in bf16 is 57,344 bytes; two ranks
+    assert r["kv_tokens"] == r["vllm_kv_cache"] * 2 / 57_344
+    assert round(r["kv_tokens"]) == 2_286_296
+    # the embedding, 152,064 x 3,584 in bf16 (1.02 GiB), is a bucket of its own: the receive
+    # buffer is that, not the 256 MiB
+    assert r["weight_bucket"] == 1_089_994_752
+    assert (r["cuda_context"], r["nccl"]) == (2.5 * 2**30, 2**30)  # the bridge's and vLLM's
+    assert r["peak"] == 0.9 * gpu + 1_089_994_752 + 3.5 * 2**30  # 75.8 GiB
+    assert r["vllm_startup_free"] == gpu - 2.5 * 2**30 and r["vllm_starts"]
+    assert r["max_utilization"] == 1 - (1_089_994_752 + 3.5 * 2**30) / gpu  # 0.943
+    one = memory_plan.rollout_plan(arch, 1, 0.3, gpu, dtype_bytes=4)  # fp32, an engine of 1
+    assert one["vllm_weights"] == 4 * 7_615_616_512 and one["nccl"] == 2**29
+    assert one["weight_bucket"] == 2 * 1_089_994_752
+    assert one["vllm_kv_cache"] == one["kv_tokens"] == 0  # 28.4 GiB of weights in a 23.8 share
+    # the learners' export for the same model at TP 2: 2 x 1.02 GiB + 3 x 1.02 GiB
+    assert memory_plan.export_in_flight(arch, 2, 1) == 5 * 1_089_994_752
+
+
+def test_disaggregated_paper_run_plans_both_kinds_of_rank(capsys):
+    """2 of 8 nodes for rollout: the learners are 48 GPUs (dp 24), the rollout ranks 16
+    engines; both fit, and a share that leaves no room beside vLLM is said with the most that
+    does (the numbers of docs/scaling.md)."""
+    run = ["experiment=rlep_qwen25_math_7b", "--nodes", "8", "rollout.placement=disaggregated",
+           "rollout.ranks=16"]
+    assert memory_plan.main(run) == 0
+    out = capsys.readouterr().out
+    assert "64 GPUs of 79.2 GiB: disaggregated: 48 learners, tp=2 pp=1 dp=24; 16 rollout " \
+           "ranks, 16 engines of rollout TP 1" in out
+    assert "learner peak 52.0 GiB of 79.2: fits, 27.2 GiB spare" in out
+    assert "  export            5.1 GiB" in out and "vllm_asleep" not in out
+    assert "rollout rank peak 43.6 GiB of 79.2: fits, 35.6 GiB spare" in out
+    assert "rollout.gpu_memory_utilization up to 0.94 leaves room" in out
+    assert "a checkpoint writes in about 9 s (6 node(s) at 2 GB/s each)" in out  # the learners'
+    assert memory_plan.main([*run, "rollout.gpu_memory_utilization=0.96"]) == 1
+    assert "rollout rank peak 80.0 GiB of 79.2: DOES NOT FIT by 0.8 GiB" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="error: rollout.ranks=64 leaves no learner of the 64 "
+                                         "GPUs; lower rollout.ranks or plan more nodes"):
+        memory_plan.main(run[:-1] + ["rollout.ranks=64"])
+    with pytest.raises(SystemExit, match="error: rollout.ranks=15 is not a multiple of "
+                                         "rollout.tensor_parallel=2"):
+        memory_plan.main(run[:-1] + ["rollout.ranks=15", "rollout.tensor_parallel=2"])
 
 
 def test_checkpoint_disk_plan_by_hand():

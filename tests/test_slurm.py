@@ -2,7 +2,8 @@
 preflight and two ranks through srun + torchrun and writes its checkpoint and metrics; a job
 preempted mid-run checkpoints on SIGTERM, and in its restart a time-limit warning during a step
 longer than torchrun's grace stops it through the stop file; each restart resumes from the
-checkpoint; a Hydra sweep runs as an array job."""
+checkpoint; a Hydra sweep runs as an array job; ROLLOUT_NODES splits the allocation into learner
+and rollout nodes, and a split that is not whole nodes or leaves no node to train is refused."""
 
 import json
 import os
@@ -154,6 +155,58 @@ def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluste
     assert "(restart 2)" in text and not (run_dir / "STOP").exists()
     assert steps_logged(run_dir) == list(range(1, total + 1))
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{total:06d}"
+
+
+def test_rollout_nodes_split_the_allocation_into_learner_and_rollout_nodes(tmp_path):
+    """ROLLOUT_NODES=2 in an 8-node job: the trainer gets the disaggregated placement with the
+    last 2 nodes' 16 ranks as rollout ranks; a split that is not whole nodes is refused before
+    srun. This cluster has one node, so the batch script runs under bash, with stand-ins for
+    srun (it prints its command), scontrol and squeue."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, body in (("srun", 'echo "srun $*"'), ("scontrol", "echo node1"), ("squeue", "")):
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    job = {"PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_NUM_NODES": "8", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NAME": "split", "SLURM_JOB_NODELIST": "node[1-8]", "NPROC_PER_NODE": "8",
+           "MEGATRON_RLEP_REPO": str(REPO), "MEGATRON_RLEP_VENV": str(tmp_path / "none"),
+           "PREFLIGHT": "0", "RUN_DIR": str(tmp_path / "run")}
+
+    def train(*args, **env):
+        import subprocess
+
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith("SLURM_") and k != "MASTER_PORT"}
+        return subprocess.run(["bash", str(REPO / "slurm" / "train.sbatch"), "experiment=x",
+                               *args], env={**base, **job, **env}, capture_output=True,
+                              text=True, timeout=scaled(60), check=False)
+
+    split = train(ROLLOUT_NODES="2")
+    assert split.returncode == 0, split.stderr
+    assert "the last 2 of 8 nodes (ranks 48-63) run the rollout engines, the other 6 train" \
+        in split.stdout
+    assert split.stdout.splitlines()[-1].endswith(
+        "--nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint node1:20007 --rdzv_id 7 -m "
+        f"megatron_rlep.train run_dir={tmp_path / 'run'} experiment=x "
+        "rollout.placement=disaggregated rollout.ranks=16"), split.stdout
+    for refused, args, env in (
+            ("error: ROLLOUT_NODES=1.5 is not a whole number of nodes; give how many",
+             (), {"ROLLOUT_NODES": "1.5"}),
+            (("error: rollout.ranks=12 is not whole nodes of 8 ranks; on Slurm the rollout "
+              "ranks are whole nodes: give ROLLOUT_NODES=N instead"), ("rollout.ranks=12",), {})):
+        done = train(*args, **env)
+        assert done.returncode == 2 and refused in done.stderr, done.stderr
+        assert "srun" not in done.stdout
+
+
+def test_a_split_without_a_training_node_is_refused_before_srun(cluster, tmp_path):
+    job, log = submit(cluster, "train.sbatch", tmp_path / "run", ["experiment=cpu_baseline"],
+                      nproc=2, preflight=True, env={"ROLLOUT_NODES": "1"})
+    assert cluster.wait(job) == "FAILED"
+    text = log.read_text()
+    assert "error: ROLLOUT_NODES=1 leaves no training node in a job of 1 node(s); submit with " \
+           "more nodes (sbatch -N) or fewer rollout nodes" in text, text
+    assert "] versions:" not in text  # the preflight (the first srun) never ran
 
 
 def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):

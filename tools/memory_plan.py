@@ -3,6 +3,8 @@
     python tools/memory_plan.py experiment=dapo_nodyn_bs64 [--nodes 8] [--gpus-per-node 8] \
         [--gpu-gib 79.2] [--arch qwen2.5-7b] [--markdown] [--step-seconds 160] [--nvls] \
         [--write-gbps 2] [key=value ...]
+    python tools/memory_plan.py experiment=rlep_qwen25_math_7b --nodes 8 \
+        rollout.placement=disaggregated rollout.ranks=16    # a learner's plan and a rollout rank's
 
 The model's shape comes from ``model.path``'s config.json when that exists, else from --arch
 (a few known architectures). Terms, in bytes per GPU (P = parameters of this GPU's shard, tp/pp/dp
@@ -40,8 +42,22 @@ and optimizer + context + NCCL + fragmentation + vLLM's share; update = the same
 share + activations + logits + the output layer's weight gradient + vLLM asleep. With
 ``parallel.offload_during_rollout`` the rollout holds neither gradients nor optimizer state. vLLM starts
 only when ``gpu_memory_utilization`` x the GPU is free beside the actor (its start-up check);
-the plan says whether it is. Disk: a checkpoint's size (actor/checkpoint.py ``disk_plan``) and
-its write time at ``--write-gbps`` per node, which with the step time gives the lead the
+the plan says whether it is.
+
+With ``rollout.placement=disaggregated`` there are two plans, each checked against the GPU. A
+learner (the first nodes x GPUs - ``rollout.ranks`` GPUs; tp x pp x dp over them): the actor's
+terms above with no vLLM share or sleep (the whole GPU is the actor's), and the export in
+flight after each update: learner 0 holds the bucket being broadcast and its flat copy, each up
+to max(bucket, L), L the largest tensor the export gathers whole (V x h for the embedding; a
+larger tensor is a bucket of its own; buckets of 256 MiB, ``actor.export_hf``), while the export
+holds the next tensor (its copy, and at TP > 1 its gathered shards and their concatenation: up
+to 3L). A rollout rank: vLLM's share as above, its weights in the engine's dtype
+(``model.dtype``) over rollout TP, its reserve and the KV cache in the rest; beside the share the
+CUDA context, the receive buffer of one bucket (up to max(bucket, L)) and NCCL's buffers for the
+bridge's communicator and, at rollout TP > 1, vLLM's own (0.5 GiB each).
+
+Disk: a checkpoint's size (actor/checkpoint.py ``disk_plan``) and its write time at
+``--write-gbps`` per node (the learners' nodes), which with the step time gives the lead the
 time-limit signal needs (the sbatch scripts give 300 s).
 """
 
@@ -61,6 +77,9 @@ VLLM_ASLEEP = 2.0 * GIB
 NCCL_COMMUNICATORS = 6
 NCCL = NCCL_COMMUNICATORS * 0.5 * GIB
 NCCL_NVLS = NCCL_COMMUNICATORS * 1.5 * GIB
+# the terms a training rank holds all the time (without offload)
+STATIC = ("weights", "gradients", "optimizer", "cuda_context", "nccl", "fragmentation")
+EXPORT_BUCKET = 256 * 2**20  # actor.export_hf's bucket_bytes: the weights travel in these
 VLLM_BATCHED_TOKENS = 16384  # vLLM's default max_num_batched_tokens for the offline LLM
 VLLM_MAX_SEQS = 1024  # and its max_num_seqs, on a GPU of 70 GiB or more
 VLLM_GRAPHS = 1.0 * GIB  # its CUDA-graph pool (assumed)
@@ -169,27 +188,86 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
         "nccl": NCCL_NVLS if nvls else NCCL,
         "fragmentation": FRAGMENTATION,
     }
-    vllm_rollout = vllm_utilization * gpu_bytes
-    vllm_weights = 2 * arch.params() / rollout_tp if vllm_utilization else 0.0
-    vllm_reserve = vllm_own_reserve(arch, rollout_tp) if vllm_utilization else 0.0
-    vllm_kv = max(vllm_rollout - vllm_weights - vllm_reserve, 0.0)
-    static = sum(terms[t] for t in ("weights", "gradients", "optimizer", "cuda_context", "nccl",
-                                    "fragmentation"))
+    vllm = vllm_share(arch, vllm_utilization, gpu_bytes, rollout_tp)
+    vllm_rollout = vllm["vllm_rollout"]
+    static = sum(terms[t] for t in STATIC)
     # parallel.offload_during_rollout: gradient buffers freed, optimizer state in host memory
     resident = static - (terms["gradients"] + terms["optimizer"] if offload else 0.0)
     rollout_peak = resident + vllm_rollout
     update_peak = static + terms["activations"] + terms["logits"] + terms["output_wgrad"] + \
         (VLLM_ASLEEP if vllm_utilization else 0)
-    return {**terms, "vllm_rollout": vllm_rollout, "vllm_weights": vllm_weights,
-            "vllm_reserve": vllm_reserve, "vllm_kv_cache": vllm_kv,
-            "kv_tokens": vllm_kv * rollout_tp / (2 * arch.layers * arch.kv_heads * arch.head_dim * 2),
-            "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
+    return {**terms, **vllm, "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
             # vLLM's start-up check: this much must be free when the engine starts
             "vllm_startup_free": gpu_bytes - resident,
             "vllm_starts": gpu_bytes - resident >= vllm_rollout,
             "rollout_peak": rollout_peak, "update_peak": update_peak,
             "peak": max(rollout_peak, update_peak), "gpu": gpu_bytes,
             "params_total": arch.params(), "params_shard": shard}
+
+
+def vllm_share(arch: Arch, utilization: float, gpu_bytes: float, rollout_tp: int,
+               dtype_bytes: int = 2) -> dict:
+    """vLLM's share of a GPU (``utilization`` of it; none at 0): its weights in the engine's
+    dtype over its TP, its own reserve, and KV cache in the rest, with the tokens that holds
+    (a token's K and V in every layer, over the engine's TP ranks)."""
+    share = utilization * gpu_bytes
+    weights = dtype_bytes * arch.params() / rollout_tp if utilization else 0.0
+    reserve = vllm_own_reserve(arch, rollout_tp) if utilization else 0.0
+    kv = max(share - weights - reserve, 0.0)
+    token = 2 * arch.layers * arch.kv_heads * arch.head_dim * dtype_bytes
+    return {"vllm_rollout": share, "vllm_weights": weights, "vllm_reserve": reserve,
+            "vllm_kv_cache": kv, "kv_tokens": kv * rollout_tp / token}
+
+
+def largest_tensor(arch: Arch) -> int:
+    """Elements of the largest tensor the export gathers whole: the embedding or output layer
+    (V x h), the fused gate and up projection (2f x h; an expert's for MoE) or the fused qkv."""
+    q, k = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    width = arch.expert_ffn if arch.experts else arch.ffn
+    return max(arch.vocab, 2 * width, q + 2 * k) * arch.hidden
+
+
+def export_in_flight(arch: Arch, tp: int, pp: int, bucket_bytes: float = EXPORT_BUCKET,
+                     dtype_bytes: int = 2) -> float:
+    """Learner 0 during the weights' export after an update, at most: the bucket being
+    broadcast and its flat copy for the broadcast, each up to max(bucket, L) (a larger tensor
+    is a bucket of its own), while the export holds the next tensor: its Hugging Face copy,
+    and at TP > 1 its gathered shards and their concatenation (3L), or at PP > 1 without TP
+    another stage's tensor received whole (2L)."""
+    largest = largest_tensor(arch) * dtype_bytes
+    next_tensor = 3 if tp > 1 else 2 if pp > 1 else 1
+    return 2 * max(bucket_bytes, largest) + next_tensor * largest
+
+
+def learner_plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: int,
+                 bucket_bytes: float = EXPORT_BUCKET, **actor) -> dict:
+    """A learner of disaggregated placement: the actor has the whole GPU (no vLLM share, none
+    asleep); after the update learner 0 exports the weights bucket by bucket. Its NCCL count
+    is the colocated one's, the bridge's communicator in place of vLLM's."""
+    r = plan(arch, tp, pp, dp, tokens, response_tokens, **{**actor, "vllm_utilization": 0.0})
+    static = sum(r[t] for t in STATIC)
+    export = export_in_flight(arch, tp, pp, bucket_bytes)
+    return {**r, "export": export, "export_peak": static + export,
+            "peak": max(r["update_peak"], static + export)}
+
+
+def rollout_plan(arch: Arch, rollout_tp: int, utilization: float,
+                 gpu_bytes: float = H100_80GB * GIB, bucket_bytes: float = EXPORT_BUCKET,
+                 dtype_bytes: int = 2, nvls: bool = False) -> dict:
+    """A rollout rank of disaggregated placement: vLLM's share of the GPU (``utilization``),
+    and beside it the CUDA context, the receive buffer of one weight bucket (up to
+    max(bucket, L): every rank of an engine receives the whole bucket) and NCCL's buffers for
+    the bridge's communicator and, at engine TP > 1, vLLM's own."""
+    vllm = vllm_share(arch, utilization, gpu_bytes, rollout_tp, dtype_bytes)
+    communicators = 1 + (rollout_tp > 1)
+    terms = {"weight_bucket": max(bucket_bytes, largest_tensor(arch) * dtype_bytes),
+             "cuda_context": CUDA_CONTEXT,
+             "nccl": communicators * (NCCL_NVLS if nvls else NCCL) / NCCL_COMMUNICATORS}
+    beside = sum(terms.values())
+    return {**vllm, **terms, "peak": vllm["vllm_rollout"] + beside, "gpu": gpu_bytes,
+            "vllm_startup_free": gpu_bytes - CUDA_CONTEXT,
+            "vllm_starts": gpu_bytes - CUDA_CONTEXT >= vllm["vllm_rollout"],
+            "max_utilization": (gpu_bytes - beside) / gpu_bytes}
 
 
 def vllm_own_reserve(arch: Arch, rollout_tp: int) -> float:
@@ -215,38 +293,105 @@ def arch_for(model_path: str, name: str | None) -> Arch:
 
 
 def fitting_layout(arch: Arch, world: int, gpus_per_node: int, longest: int,
-                   settings: dict, spare: float = 6 * GIB) -> list[str] | None:
+                   settings: dict, spare: float = 6 * GIB,
+                   learners: bool = False) -> list[str] | None:
     """The overrides of the fitting layout with the fewest model-parallel GPUs (TP within a
     node; then the largest EP), with ``spare`` left, full recompute, sequence parallelism at
-    TP > 1, offload during rollout and log-probs in 2048-token chunks; None when none fits."""
+    TP > 1, offload during rollout and log-probs in 2048-token chunks; None when none fits.
+    ``learners``: the ``world`` learners of disaggregated placement (no engine beside them)."""
     divisors = [d for d in (1, 2, 4, 8, 16, 32, 64) if world % d == 0]
     candidates = []
     for tp in (d for d in divisors if d <= gpus_per_node):
         for pp in (d for d in divisors if arch.layers % d == 0 and world % (tp * d) == 0):
             for ep in [d for d in divisors if world % (d * pp) == 0 and arch.experts % d == 0] \
                     if arch.experts else [1]:
-                for rollout_tp in (d for d in divisors if d <= gpus_per_node and
-                                   arch.kv_heads % d == 0):
+                for rollout_tp in [1] if learners else (
+                        d for d in divisors if d <= gpus_per_node and arch.kv_heads % d == 0):
                     candidates.append((tp * pp, -ep, rollout_tp, tp, pp, ep))
     for _, _, rollout_tp, tp, pp, ep in sorted(candidates):
-        r = plan(arch, tp, pp, world // (tp * pp), recompute="full", sequence_parallel=tp > 1,
-                 distributed_optimizer=world > tp * pp, logprob_chunk=2048,
-                 rollout_tp=rollout_tp, offload=True, ep=ep, **settings)
+        r = (learner_plan if learners else plan)(
+            arch, tp, pp, world // (tp * pp), recompute="full", sequence_parallel=tp > 1,
+            distributed_optimizer=world > tp * pp, logprob_chunk=2048, rollout_tp=rollout_tp,
+            offload=not learners, ep=ep, **settings)
         vllm_ok = not settings["vllm_utilization"] or (r["vllm_starts"] and r["kv_tokens"] >= longest)
         if r["peak"] + spare <= settings["gpu_bytes"] and vllm_ok:
             return [f"parallel.tensor_parallel={tp}", f"parallel.pipeline_parallel={pp}",
                     *([f"parallel.expert_parallel={ep}"] if arch.experts else []),
                     f"parallel.sequence_parallel={str(tp > 1).lower()}", "parallel.recompute=full",
-                    "parallel.offload_during_rollout=true", "parallel.logprob_chunk_tokens=2048",
-                    f"rollout.tensor_parallel={rollout_tp}"]
+                    *([] if learners else ["parallel.offload_during_rollout=true"]),
+                    "parallel.logprob_chunk_tokens=2048",
+                    *([] if learners else [f"rollout.tensor_parallel={rollout_tp}"])]
     return None
 
 
-def table(result: dict) -> list[tuple[str, float]]:
-    order = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
-             "cuda_context", "nccl", "fragmentation", "vllm_rollout", "vllm_weights",
-             "vllm_reserve", "vllm_kv_cache", "vllm_asleep", "rollout_peak", "update_peak"]
+COLOCATED_ROWS = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
+                  "cuda_context", "nccl", "fragmentation", "vllm_rollout", "vllm_weights",
+                  "vllm_reserve", "vllm_kv_cache", "vllm_asleep", "rollout_peak", "update_peak"]
+LEARNER_ROWS = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
+                "cuda_context", "nccl", "fragmentation", "export", "update_peak", "export_peak"]
+ROLLOUT_ROWS = ["vllm_rollout", "vllm_weights", "vllm_reserve", "vllm_kv_cache", "weight_bucket",
+                "cuda_context", "nccl", "peak"]
+NO_KV_CACHE = ("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence in its share; "
+               "raise rollout.tensor_parallel or rollout.gpu_memory_utilization")
+
+
+def table(result: dict, order: list[str] = COLOCATED_ROWS) -> list[tuple[str, float]]:
     return [(name, result[name] / GIB) for name in order]
+
+
+def show(rows: list[tuple[str, float]], markdown: bool) -> None:
+    if markdown:
+        print("| term | GiB |\n|---|---|")
+        print("\n".join(f"| {name} | {gib:.1f} |" for name, gib in rows))
+    else:
+        print("\n".join(f"  {name:<13} {gib:7.1f} GiB" for name, gib in rows))
+
+
+def peak_line(what: str, peak: float, gpu_gib: float) -> bool:
+    """``what`` peak against the GPU, in one line; whether it fits."""
+    margin = gpu_gib - peak / GIB
+    print(f"{what}{peak / GIB:.1f} GiB of {gpu_gib:g}: "
+          + (f"fits, {margin:.1f} GiB spare" if margin >= 0 else f"DOES NOT FIT by {-margin:.1f} GiB"))
+    return margin >= 0
+
+
+def engine_lines(result: dict, vllm: float, longest: int, gpu_gib: float, where: str) -> bool:
+    """vLLM's KV cache and start-up check in a line each; whether it starts and holds a
+    sequence."""
+    print(f"vLLM's KV cache holds {result['kv_tokens']:,.0f} tokens per engine "
+          f"({result['kv_tokens'] / longest:.0f} sequences of {longest} tokens)")
+    if result["kv_tokens"] < longest:
+        print(NO_KV_CACHE)
+    print(f"vLLM's start-up: {result['vllm_startup_free'] / GIB:.1f} GiB free {where}, "
+          f"{vllm * gpu_gib:.1f} needed ({vllm:g} of the GPU): "
+          + ("it starts" if result["vllm_starts"] else "DOES NOT START; lower "
+             "rollout.gpu_memory_utilization"))
+    return result["vllm_starts"] and result["kv_tokens"] >= longest
+
+
+def colocated_report(result: dict, vllm: float, longest: int, args) -> bool:
+    """The colocated plan's table and verdict lines; whether it fits."""
+    show(table(result), args.markdown)
+    engine_ok = engine_lines(result, vllm, longest, args.gpu_gib, "beside the actor") \
+        if vllm else True
+    return peak_line("peak ", result["peak"], args.gpu_gib) and engine_ok
+
+
+def disaggregated_report(learner: dict, rollout: dict, vllm: float, rollout_tp: int,
+                         longest: int, args) -> tuple[bool, bool]:
+    """Both kinds of rank's tables and verdict lines; whether the learner fits, and the rollout
+    rank."""
+    print("a learner (the actor has the whole GPU; learner 0 also exports the weights):")
+    show(table(learner, LEARNER_ROWS), args.markdown)
+    learner_fits = peak_line("learner peak ", learner["peak"], args.gpu_gib)
+    print(f"a rollout rank (vLLM at {vllm:g} of the GPU, rollout TP {rollout_tp}):")
+    show(table(rollout, ROLLOUT_ROWS), args.markdown)
+    engine_ok = engine_lines(rollout, vllm, longest, args.gpu_gib, "on the rollout rank")
+    rollout_fits = peak_line("rollout rank peak ", rollout["peak"], args.gpu_gib)
+    room = math.floor(rollout["max_utilization"] * 100) / 100
+    print(f"rollout.gpu_memory_utilization up to {room:.2f} leaves room for the context, NCCL "
+          "and a weight bucket beside vLLM")
+    return learner_fits, rollout_fits and engine_ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,69 +417,78 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose(overrides)
     except USER_ERRORS as err:
         fail(err)
-    p = cfg.parallel
+    p, r = cfg.parallel, cfg.rollout
     world = args.nodes * args.gpus_per_node
-    if world % (p.tensor_parallel * p.pipeline_parallel) or world % (p.expert_parallel *
-                                                                     p.pipeline_parallel):
-        raise SystemExit(f"error: {world} GPUs do not split into tp={p.tensor_parallel} x "
-                         f"pp={p.pipeline_parallel} (and ep={p.expert_parallel} x pp); pick sizes "
-                         "that divide the GPU count")
-    dp = world // (p.tensor_parallel * p.pipeline_parallel)
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    disaggregated = r.placement == "disaggregated"
+    learners = world - r.ranks if disaggregated else world  # the GPUs the actor trains on
+    if disaggregated and learners < 1:
+        raise SystemExit(f"error: rollout.ranks={r.ranks} leaves no learner of the {world} GPUs; "
+                         "lower rollout.ranks or plan more nodes (--nodes)")
+    if disaggregated and r.ranks % r.tensor_parallel:
+        raise SystemExit(f"error: rollout.ranks={r.ranks} is not a multiple of "
+                         f"rollout.tensor_parallel={r.tensor_parallel}: each engine takes that "
+                         "many ranks; change either")
+    if disaggregated and r.engine == "transformers":
+        raise SystemExit("error: rollout.engine=transformers has no plan on the rollout ranks "
+                         "(the plan is vLLM's); plan with rollout.engine=vllm")
+    if learners % (p.tensor_parallel * p.pipeline_parallel) or learners % (p.expert_parallel *
+                                                                           p.pipeline_parallel):
+        raise SystemExit(f"error: {learners} {'learner ' if disaggregated else ''}GPUs do not "
+                         f"split into tp={p.tensor_parallel} x pp={p.pipeline_parallel} (and "
+                         f"ep={p.expert_parallel} x pp); pick sizes that divide the GPU count"
+                         + (" less rollout.ranks" if disaggregated else ""))
+    dp = learners // (p.tensor_parallel * p.pipeline_parallel)
+    longest = cfg.data.max_prompt_length + r.max_response_length
     tokens = p.micro_batch_size * longest  # a budget still lets one longest sequence through
     if p.max_tokens_per_micro_batch:
         tokens = max(longest, min(tokens, p.max_tokens_per_micro_batch))
-    response = tokens * cfg.rollout.max_response_length // longest
+    response = tokens * r.max_response_length // longest
     arch = arch_for(cfg.model.path, args.arch)
-    vllm = cfg.rollout.gpu_memory_utilization if cfg.rollout.engine != "transformers" else 0.0
+    vllm = r.gpu_memory_utilization if r.engine != "transformers" else 0.0
     settings = dict(tokens=tokens, response_tokens=response, bf16_grads=p.bf16_grads,
-                    vllm_utilization=vllm, gpu_bytes=args.gpu_gib * GIB, nvls=args.nvls)
-    result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, recompute=p.recompute,
-                  sequence_parallel=p.sequence_parallel,
-                  distributed_optimizer=dp > 1 if p.distributed_optimizer is None
-                  else p.distributed_optimizer,
-                  logprob_chunk=p.logprob_chunk_tokens, rollout_tp=cfg.rollout.tensor_parallel,
-                  offload=p.offload_during_rollout, ep=p.expert_parallel, **settings)
+                    vllm_utilization=0.0 if disaggregated else vllm,
+                    gpu_bytes=args.gpu_gib * GIB, nvls=args.nvls)
+    actor = dict(recompute=p.recompute, sequence_parallel=p.sequence_parallel,
+                 distributed_optimizer=dp > 1 if p.distributed_optimizer is None
+                 else p.distributed_optimizer,
+                 logprob_chunk=p.logprob_chunk_tokens, rollout_tp=r.tensor_parallel,
+                 offload=p.offload_during_rollout, ep=p.expert_parallel, **settings)
     moe = (f" ({arch.experts} experts, {arch.topk} a token, ep={p.expert_parallel})"
            if arch.experts else "")
+    layout = f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}"
+    if disaggregated:
+        layout = (f"disaggregated: {learners} learners, {layout}; {r.ranks} rollout ranks, "
+                  f"{r.ranks // r.tensor_parallel} engines of rollout TP {r.tensor_parallel}")
     print(f"{arch.params() / 1e9:.2f}B parameters{moe}, {world} GPUs of {args.gpu_gib:g} GiB: "
-          f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}; longest micro-batch "
+          f"{layout}; longest micro-batch "
           f"{tokens} tokens ({response} response tokens); recompute={p.recompute}, "
           f"sequence_parallel={p.sequence_parallel}, bf16_grads={p.bf16_grads}, logprob_chunk_tokens={p.logprob_chunk_tokens}, "
           f"offload_during_rollout={p.offload_during_rollout}, "
           f"vLLM gpu_memory_utilization={vllm:g}")
-    rows = table(result)
-    if args.markdown:
-        print("| term | GiB |\n|---|---|")
-        print("\n".join(f"| {name} | {gib:.1f} |" for name, gib in rows))
+    if disaggregated:
+        learner = learner_plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, **actor)
+        rollout = rollout_plan(arch, r.tensor_parallel, vllm, args.gpu_gib * GIB,
+                               dtype_bytes=4 if cfg.model.dtype == "float32" else 2,
+                               nvls=args.nvls)
+        learner_fits, rollout_fits = disaggregated_report(learner, rollout, vllm,
+                                                          r.tensor_parallel, longest, args)
+        fits = learner_fits and rollout_fits
     else:
-        print("\n".join(f"  {name:<13} {gib:7.1f} GiB" for name, gib in rows))
-    if vllm:
-        print(f"vLLM's KV cache holds {result['kv_tokens']:,.0f} tokens per engine "
-              f"({result['kv_tokens'] / longest:.0f} sequences of {longest} tokens)")
-    margin = args.gpu_gib - result["peak"] / GIB
-    fits = margin >= 0 and (result["kv_tokens"] >= longest and result["vllm_starts"]
-                            if vllm else True)
-    if vllm:
-        print(f"vLLM's start-up: {result['vllm_startup_free'] / GIB:.1f} GiB free beside the actor, "
-              f"{vllm * args.gpu_gib:.1f} needed ({vllm:g} of the GPU): "
-              + ("it starts" if result["vllm_starts"] else "DOES NOT START; lower "
-                 "rollout.gpu_memory_utilization"))
-    print(f"peak {result['peak'] / GIB:.1f} GiB of {args.gpu_gib:g}: "
-          + (f"fits, {margin:.1f} GiB spare" if margin >= 0 else f"DOES NOT FIT by {-margin:.1f} GiB"))
-    if vllm and result["kv_tokens"] < longest:
-        print("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence in its share; "
-              "raise rollout.tensor_parallel or rollout.gpu_memory_utilization")
-    if not fits:
-        found = fitting_layout(arch, world, args.gpus_per_node, longest, settings)
+        result = plan(arch, p.tensor_parallel, p.pipeline_parallel, dp, **actor)
+        fits = learner_fits = colocated_report(result, vllm, longest, args)
+    if not learner_fits:
+        found = fitting_layout(arch, learners, args.gpus_per_node, longest, settings,
+                               learners=disaggregated)
         print("a layout that fits (its plan: add these overrides): " + " ".join(found)
-              if found else "no layout of tp, pp, ep, recompute and offload fits: more GPUs")
+              if found else "no layout of tp, pp, ep, recompute and offload fits: more GPUs"
+              + (" for the learners (fewer rollout.ranks or more nodes)" if disaggregated else ""))
     from megatron_rlep.actor.checkpoint import disk_plan, human
 
     log = cfg.logging
     disk = disk_plan(arch.params(), True, cfg.algorithm.total_steps, log.save_every,
                      log.keep_checkpoints, log.keep_best)
-    write = disk["checkpoint"] / args.nodes / (args.write_gbps * 1e9)
+    writers = math.ceil(learners / args.gpus_per_node)  # the learners' nodes write it
+    write = disk["checkpoint"] / writers / (args.write_gbps * 1e9)
     print(f"disk: {human(disk['checkpoint'])} a checkpoint (bf16 weights, fp32 master copy and "
           f"Adam moments), {disk['saves']} saves, {disk['held']} on disk at once "
           f"(logging.keep_checkpoints={log.keep_checkpoints}); the run holds at most "
@@ -343,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     given = ("within the sbatch scripts' 300" if lead <= SIGNAL_LEAD else
              f"more than the sbatch scripts' {SIGNAL_LEAD}: submit with "
              f"--signal=B:USR1@{math.ceil(lead)}")
-    print(f"time limit: a checkpoint writes in about {write:.0f} s ({args.nodes} node(s) at "
+    print(f"time limit: a checkpoint writes in about {write:.0f} s ({writers} node(s) at "
           f"{args.write_gbps:g} GB/s each); the stop signal needs at least a step, the write and "
           f"a minute: {lead:.0f} s, {given}")
     hours = cfg.algorithm.total_steps * args.step_seconds / 3600
