@@ -101,3 +101,25 @@ def test_replay_panel_draws_every_replay_metric_of_every_run(tmp_path):
     assert data["train/replay_fraction"]["rescue"] == [[1, 0.05], [2, 0.05], [3, 0.05]]
     assert data["pool/answers"]["uniform"] == [[1, 11.0], [2, 12.0], [3, 13.0]]
     assert data["train/acc_replay"] == {"uniform": [], "rescue": []}  # not logged: empty
+
+
+def test_the_timeline_takes_logged_idle_times_or_a_synchronous_runs_phases(tmp_path):
+    (tmp_path / "async").mkdir()
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "async" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "time/step_s": 10.0, "time/rollout_idle": 2.0, "time/learner_idle": 3.0},
+        {"step": 2, "time/step_s": 8.0, "time/rollout_idle": 9.0, "time/learner_idle": 1.0}]))
+    (tmp_path / "sync" / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "time/step_s": 10.0, "time/rollout_s": 4.0}) + "\n")
+    out = tmp_path / "timeline.png"
+    result = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "async"),
+                             str(tmp_path / "sync"), "-o", str(out), "--timeline"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["async"] == [
+        {"step": 1, "step_s": 10.0, "rollout_idle_s": 2.0, "learner_idle_s": 3.0},
+        {"step": 2, "step_s": 8.0, "rollout_idle_s": 8.0, "learner_idle_s": 1.0}]  # capped
+    assert data["sync"] == [{"step": 1, "step_s": 10.0, "rollout_idle_s": 6.0,
+                             "learner_idle_s": 4.0}]
+    assert out.stat().st_size > 10_000

@@ -3,6 +3,7 @@
     python tools/plot.py RUN_DIR [RUN_DIR ...] -o curves.png [--metric val/acc] [--smooth K]
     python tools/plot.py BASELINE RLEP -o curves.png --paired [--threshold 0.6]
     python tools/plot.py RUN_DIR [RUN_DIR ...] -o replay.png --replay
+    python tools/plot.py RUN_DIR [RUN_DIR ...] -o timeline.png --timeline [--steps 20]
 
 Draws the metric against step for every run, marks each run's peak, and marks where a run first
 reaches another run's peak (the paper's "RLEP reaches the baseline's peak at step 135").
@@ -16,6 +17,13 @@ second panel draws the second run minus the first with its paired bootstrap inte
 ``--replay`` draws the replay panel instead: one small plot per replay metric (``REPLAY``: the
 replayed share of sequences, effective M, replays' share of the advantage mass, their accuracy,
 their age, the pool's size), every run on each, and ``replay.json`` with the points.
+
+``--timeline`` draws each run's steps end to end in wall time (the first ``--steps``), a lane for
+the engines and one for the learner, each step's part of a lane dark for the time that side
+worked and light for the time it waited for the other (the learner's wait drawn at the step's
+start, the engines' at its end) (``time/rollout_idle``, ``time/learner_idle``: runs with
+asynchronous rollout log them; a synchronous run's engines wait through the update and sync, its
+learner through generation), and ``timeline.json`` with the numbers.
 """
 
 from __future__ import annotations
@@ -71,6 +79,56 @@ def plot_replay(runs: dict[str, Path], output: Path) -> dict:
     axes.flat[0].legend(fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("step")
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+    return data
+
+
+def timeline(run_dir: Path, steps: int) -> list[dict]:
+    """Per step: its seconds and each side's idle seconds (a synchronous run's from its phases:
+    the engines idle outside generation, the learner during it)."""
+    out = []
+    for step, seconds in read_curve(run_dir, "time/step_s", required=True)[:steps]:
+        record = {"step": step, "step_s": seconds}
+        for side, name in (("rollout", "time/rollout_idle"), ("learner", "time/learner_idle")):
+            logged = dict(read_curve(run_dir, name))
+            if step in logged:
+                record[f"{side}_idle_s"] = min(logged[step], seconds)
+        if "rollout_idle_s" not in record:
+            generation = dict(read_curve(run_dir, "time/rollout_s")).get(step, 0.0)
+            record["rollout_idle_s"], record["learner_idle_s"] = seconds - generation, generation
+        out.append(record)
+    return out
+
+
+def plot_timeline(runs: dict[str, Path], output: Path, steps: int) -> dict:
+    """Each run's engines and learner, busy and idle, step by step in wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = {n: timeline(r, steps) for n, r in runs.items()}
+    fig, axes = plt.subplots(len(data), 1, figsize=(11, 1.6 + 1.3 * len(data)), squeeze=False)
+    for ax, (name, rows) in zip(axes[:, 0], data.items()):
+        start = 0.0
+        for row in rows:
+            for lane, side, colour in ((1, "rollout", "tab:blue"), (0, "learner", "tab:orange")):
+                idle = row[f"{side}_idle_s"]  # the learner waits first, the engines after
+                busy = (start + idle if side == "learner" else start, row["step_s"] - idle)
+                waits = (start if side == "learner" else start + busy[1], idle)
+                ax.broken_barh([busy], (lane - 0.35, 0.7), color=colour)
+                ax.broken_barh([waits], (lane - 0.35, 0.7), color=colour, alpha=0.2)
+            ax.axvline(start, color="black", lw=0.3)
+            start += row["step_s"]
+        busy = {side: 1 - sum(r[f"{side}_idle_s"] for r in rows) / max(start, 1e-9)
+                for side in ("rollout", "learner")}
+        ax.set_yticks([0, 1], [f"learner {busy['learner']:.0%} busy",
+                               f"engines {busy['rollout']:.0%} busy"])
+        ax.set_title(f"{name}: {len(rows)} steps, {start:.0f} s", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds (dark: working, light: waiting for the other side)")
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
@@ -172,6 +230,9 @@ def main(argv=None) -> int:
                         help="with --paired: the fixed accuracy of steps-to-threshold")
     parser.add_argument("--seed", type=int, default=0, help="with --paired: bootstrap seed")
     parser.add_argument("--replay", action="store_true", help="the replay panel (see above)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="engines and learner busy and idle, step by step (see above)")
+    parser.add_argument("--steps", type=int, default=20, help="with --timeline: steps drawn")
     args = parser.parse_args(argv)
     names = args.names or [r.name for r in args.runs]
     if len(names) != len(args.runs):
@@ -182,8 +243,9 @@ def main(argv=None) -> int:
         return 2
     compared = None
     try:
-        if args.replay:
-            data = plot_replay(dict(zip(names, args.runs)), args.output)
+        if args.replay or args.timeline:
+            data = plot_replay(dict(zip(names, args.runs)), args.output) if args.replay else \
+                plot_timeline(dict(zip(names, args.runs)), args.output, args.steps)
             args.output.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
             return 0
         raw = {n: read_curve(r, args.metric, required=True) for n, r in zip(names, args.runs)}
