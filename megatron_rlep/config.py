@@ -154,6 +154,10 @@ class RolloutConfig:
     # the weights of later updates, their tokens tagged with the version that sampled them
     partial: bool = False
     segment_tokens: int = 64
+    # an answer continued after new weights: recompute its KV cache with them (the engine gets
+    # prompt and tokens so far again) | keep the KV its tokens had (vLLM's prefix cache is not
+    # reset after a weight load; computed by the older weights, as PipelineRL keeps it)
+    partial_kv: str = "recompute"
     extra_prompts: int = 0  # over-provisioning: prompts in flight beyond an update's
     timeout_s: float = 600.0  # disaggregated: the longest a learner waits on the rollout ranks
 
@@ -386,6 +390,7 @@ _CHOICES = {
     "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
     "wandb": ("online", "offline", "disabled"), "compare": ("none", "matched"),
     "task": ("arithmetic", "code", "logic"), "rollout.placement": ("colocated", "disaggregated"),
+    "rollout.partial_kv": ("recompute", "keep"),
 }
 _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),

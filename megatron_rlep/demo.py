@@ -152,9 +152,14 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
     steps, group = train.algorithm.total_steps, train.algorithm.rollouts_per_prompt
     units = sum(math.ceil(n / EVAL_CHUNK) for n in n_eval)
 
+    # disaggregated placement (docs/usage.md): one learner and the rollout ranks, torchrun's
+    launch = [py] if rollout.placement != "disaggregated" else \
+        [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(1 + rollout.ranks)]
+
     def training(run, title):
         argv = training_overrides(cfg, extra, run, out, group + cfg.replay_per_prompt)
-        return Stage(run, title, [py, "-m", "megatron_rlep.train", *argv], steps, "step",
+        return Stage(run, title, [*launch, "-m", "megatron_rlep.train", *argv], steps, "step",
                      lambda: _steps_logged(out / run))
 
     matched = [training("matched", f"compute-matched DAPO, G={group + cfg.replay_per_prompt} "

@@ -405,12 +405,15 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                     stream.dispatch([Flight(p, ids, n) for p, ids, n in message[1]], version)
                 elif kind == "weights":
                     version = message[1]
-                    engine.load_weights(bridge.receive_buckets(r.timeout_s))
+                    engine.load_weights(bridge.receive_buckets(r.timeout_s),
+                                        keep_cache=r.partial_kv == "keep")
                 if kind in ("work", "weights"):
                     idle += time.monotonic() - start
                 elif kind == "generate":
                     _, prompts, counts, places, seed, sampling = message
                     from megatron_rlep.rollout.base import request_seed
+                    if r.partial_kv == "keep":
+                        engine.clear_cache()  # validated by the current weights alone
                     out = engine.generate(prompts, counts, seed=[request_seed(seed, i)
                                                                  for i in places], **sampling)
                     if report:

@@ -553,7 +553,7 @@ class Trainer:
         if self.remote:
             self.stream.weights(version, buckets)
         elif self.engine is not None:
-            self.engine.load_weights(buckets)
+            self.engine.load_weights(buckets, keep_cache=self.cfg.rollout.partial_kv == "keep")
         else:
             for _ in buckets:  # the collectives of the export still need this rank
                 pass
@@ -588,6 +588,8 @@ class Trainer:
         n, out, accs, errors, record = self.cfg.validation.n, {}, [], [], []
         for name, examples in self.eval_sets.items():
             prompts = [self._prompt_ids(e) for e in examples]
+            if self.engine is not None and self.cfg.rollout.partial_kv == "keep":
+                self.engine.clear_cache()  # validated by the current weights alone
             completions = self.stream.sample(prompts, [n] * len(examples), self.cfg.seed,
                                                **self._validation()) if self.remote else \
                 generate_sharded(self.engine, prompts, [n] * len(examples),

@@ -171,6 +171,12 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
     # the CUDA cache is emptied before the weights wake and before the KV cache wakes (the
     # export's temporaries go back first), never on the CPU
     assert emptied == ([2, 4, 7, 9] if cuda else [])
+    # rollout.partial_kv=keep: the prefix cache survives a reload, until cleared on purpose
+    del RecordingLLM.calls[1:]
+    engine.load_weights(buckets, keep_cache=True)
+    engine.clear_cache()
+    assert [c[0] for c in RecordingLLM.calls[1:]][-2:] == ["reload_weights", "reset_prefix_cache"]
+    assert ("reset_prefix_cache",) not in RecordingLLM.calls[1:-1]
 
 
 def test_cpu_compile_runs_dynamo_inside_the_engines_calls_only(monkeypatch, tmp_path):

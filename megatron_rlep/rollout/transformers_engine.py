@@ -80,9 +80,10 @@ class TransformersEngine:
         """Nothing to free: the transformers engine has no sleep mode."""
 
     @torch.no_grad()
-    def load_weights(self, buckets) -> int:
+    def load_weights(self, buckets, keep_cache: bool = False) -> int:
         """Copy Hugging Face-named tensors (buckets of ``(name, tensor)``) into the model;
-        every parameter must be covered. Returns the number of tensors loaded."""
+        every parameter must be covered. Returns the number of tensors loaded. (This engine
+        keeps no KV cache between calls: ``keep_cache`` changes nothing.)"""
         params = dict(self.model.named_parameters())
         slots = {}
         for key, param in params.items():
@@ -98,6 +99,9 @@ class TransformersEngine:
         if missing:
             raise KeyError(f"weight sync left {len(missing)} parameters stale, e.g. {sorted(missing)[:3]}")
         return len(loaded)
+
+    def clear_cache(self) -> None:
+        """Nothing cached between calls."""
 
     @torch.no_grad()
     def sequence_logprobs(self, ids) -> torch.Tensor:

@@ -199,9 +199,11 @@ class VllmEngine:
             self.llm.sleep(level=2)
             self.asleep = True
 
-    def load_weights(self, buckets) -> int:
+    def load_weights(self, buckets, keep_cache: bool = False) -> int:
         """Weights first, KV cache after: after a level-2 sleep the weights are always reloaded,
-        and the prefix cache (computed with the old weights) is reset."""
+        and the prefix cache (computed with the old weights) is reset, unless ``keep_cache``
+        (partial rollouts with ``rollout.partial_kv=keep``: an answer in flight goes on from
+        the KV its earlier tokens had, computed by the weights before)."""
         if self.asleep:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
@@ -224,5 +226,10 @@ class VllmEngine:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
-        self.llm.reset_prefix_cache()
+        if not keep_cache:
+            self.llm.reset_prefix_cache()
         return count
+
+    def clear_cache(self) -> None:
+        """The prefix cache emptied (before a validation, where KV of older weights was kept)."""
+        self.llm.reset_prefix_cache()
