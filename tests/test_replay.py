@@ -83,7 +83,7 @@ def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
 
     def gather(**algorithm):
         a = AlgorithmConfig(prompts_per_rollout=2, dynamic_sampling=True, **algorithm)
-        stub = SimpleNamespace(cfg=SimpleNamespace(algorithm=a),
+        stub = SimpleNamespace(cfg=SimpleNamespace(algorithm=a), stream=None,
                                prompts=SimpleNamespace(take=lambda n: [None] * n),
                                collect=lambda examples, step, batch: batches[batch])
         return Trainer.gather_groups(stub, step=0)

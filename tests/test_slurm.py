@@ -7,6 +7,7 @@ and rollout nodes, and a split that is not whole nodes or leaves no node to trai
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -167,34 +168,43 @@ def test_rollout_nodes_split_the_allocation_into_learner_and_rollout_nodes(tmp_p
     for name, body in (("srun", 'echo "srun $*"'), ("scontrol", "echo node1"), ("squeue", "")):
         (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
         (stubs / name).chmod(0o755)
+    (stubs / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this env's
+    (stubs / "python").chmod(0o755)
     job = {"PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_NUM_NODES": "8", "SLURM_JOB_ID": "7",
            "SLURM_JOB_NAME": "split", "SLURM_JOB_NODELIST": "node[1-8]", "NPROC_PER_NODE": "8",
            "MEGATRON_RLEP_REPO": str(REPO), "MEGATRON_RLEP_VENV": str(tmp_path / "none"),
            "PREFLIGHT": "0", "RUN_DIR": str(tmp_path / "run")}
 
-    def train(*args, **env):
+    def train(*args, script="train.sbatch", **env):
         import subprocess
 
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("SLURM_") and k != "MASTER_PORT"}
-        return subprocess.run(["bash", str(REPO / "slurm" / "train.sbatch"), "experiment=x",
-                               *args], env={**base, **job, **env}, capture_output=True,
+        return subprocess.run(["bash", str(REPO / "slurm" / script), *args],
+                              env={**base, **job, **env}, capture_output=True,
                               text=True, timeout=scaled(60), check=False)
 
-    split = train(ROLLOUT_NODES="2")
+    split = train("experiment=x", ROLLOUT_NODES="2")
     assert split.returncode == 0, split.stderr
     assert "the last 2 of 8 nodes (ranks 48-63) run the rollout engines, the other 6 train" \
         in split.stdout
-    assert split.stdout.splitlines()[-1].endswith(
-        "--nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint node1:20007 --rdzv_id 7 -m "
-        f"megatron_rlep.train run_dir={tmp_path / 'run'} experiment=x "
-        "rollout.placement=disaggregated rollout.ranks=16"), split.stdout
+    # the rendezvous port: 20007 from the job's id, or the next free one on this host
+    assert re.search(r"--nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint node1:2\d{4} "
+                     r"--rdzv_id 7 -m megatron_rlep.train run_dir=\S+ experiment=x "
+                     r"rollout.placement=disaggregated rollout.ranks=16$",
+                     split.stdout.splitlines()[-1]), split.stdout
+    # an array task of a sweep is split the same way
+    sweep = train("experiment=cpu_demo", "seed=1,2", script="sweep.sbatch", ROLLOUT_NODES="2",
+                  SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_JOB_ID="7")
+    assert sweep.returncode == 0, sweep.stderr
+    assert sweep.stdout.splitlines()[-1].endswith(
+        "experiment=cpu_demo seed=2 rollout.placement=disaggregated rollout.ranks=16"), sweep.stdout
     for refused, args, env in (
             ("error: ROLLOUT_NODES=1.5 is not a whole number of nodes; give how many",
              (), {"ROLLOUT_NODES": "1.5"}),
             (("error: rollout.ranks=12 is not whole nodes of 8 ranks; on Slurm the rollout "
               "ranks are whole nodes: give ROLLOUT_NODES=N instead"), ("rollout.ranks=12",), {})):
-        done = train(*args, **env)
+        done = train("experiment=x", *args, **env)
         assert done.returncode == 2 and refused in done.stderr, done.stderr
         assert "srun" not in done.stdout
 
@@ -224,7 +234,6 @@ def test_sweep_runs_as_an_array_job(cluster, assets, tmp_path):
 
 
 def test_pipeline_chains_baseline_pool_rlep_and_evaluation(cluster, tmp_path):
-    import re
     import subprocess
 
     env = dict(cluster.env(), OUT=str(tmp_path / "pipeline"), SBATCH_ARGS="--hold")
