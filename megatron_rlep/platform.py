@@ -248,8 +248,7 @@ def install_cpu_shims() -> None:
     _allow_sequence_parallel_norms()
     _accumulate_weight_gradients_on_cpu()
     _swiglu_backward_in_two_passes()
-    if os.environ.get("MEGATRON_RLEP_ONEDNN", "1") != "0" and not _intel_cpu() and \
-            torch.backends.mkldnn.is_available():
+    if onednn_linears_apply():
         _linear_products_through_onednn()
     mp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     # activation recompute saves and restores the CUDA generator beside the CPU one: none here
@@ -295,6 +294,13 @@ def _swiglu_backward_in_two_passes() -> None:
         return grad
 
     fused_bias_swiglu.swiglu_back = swiglu_back
+
+
+def onednn_linears_apply() -> bool:
+    """Whether shim 13 applies in this process: a CPU not Intel's, torch built with oneDNN, and
+    ``MEGATRON_RLEP_ONEDNN`` not ``0``."""
+    return os.environ.get("MEGATRON_RLEP_ONEDNN", "1") != "0" and not _intel_cpu() and \
+        torch.backends.mkldnn.is_available()
 
 
 def _intel_cpu() -> bool:

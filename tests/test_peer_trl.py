@@ -1,7 +1,8 @@
 """benchmarks/peer_trl.py at a tiny size, so it cannot silently rot: this trainer (transformers
 engine) and TRL's GRPOTrainer each train one step of the same tiny job on a tiny random model
 (SmolLM2's tokenizer and chat template) in their own process, their policies are evaluated by
-tools/evaluate.py, and the table, JSON and picture are written."""
+tools/evaluate.py, and the table, JSON and picture are written; and the two sides are
+configured alike, through the functions the benchmark itself builds them with."""
 
 import json
 import subprocess
@@ -56,6 +57,70 @@ def test_a_job_that_does_not_divide_into_updates_is_refused_in_one_sentence(tmp_
     assert not any(tmp_path.iterdir())  # refused before anything ran
 
 
+@pytest.mark.parametrize("job, precision", [("short", "fp32"), ("short", "bf16"),
+                                            ("long", "fp32")])
+def test_the_two_trainers_are_configured_alike(tmp_path, job, precision):
+    """The benchmark's own configurations of both sides (``trl_config``, ``trl_optimizer``,
+    ``ours_overrides`` composed as the trainer composes them): no activation recompute on either
+    side, the same optimizer steps per RL step, group size, prompts in the same order, lengths,
+    precision and optimizer settings."""
+    pytest.importorskip("trl")
+    import torch
+
+    from megatron_rlep import tasks
+    from megatron_rlep.config import compose
+    from megatron_rlep.data import load_examples
+    from megatron_rlep.train import PromptStream
+
+    args = peer_trl.parse_args(["--job", job, "--precision", precision, "--out", str(tmp_path)])
+    trl = peer_trl.trl_config(args, tmp_path / "trl")
+    ours = compose(peer_trl.ours_overrides(args, tmp_path / "ours", "ours"))
+    a = ours.algorithm
+    # gradient checkpointing off on both: TRL's own default is on (trl/trainer/base_config.py)
+    assert trl.gradient_checkpointing is False
+    assert ours.parallel.recompute == "none" and ours.parallel.logprob_chunk_tokens == 0
+    # the same optimizer steps per RL step, group size and prompts a step
+    assert trl.steps_per_generation * trl.num_iterations // trl.gradient_accumulation_steps == \
+        a.prompts_per_rollout // a.prompts_per_update * a.epochs == 2
+    assert trl.num_generations == a.rollouts_per_prompt == 6
+    assert trl.generation_batch_size // trl.num_generations == a.prompts_per_rollout == 4
+    assert trl.per_device_train_batch_size == a.prompts_per_update * a.rollouts_per_prompt == \
+        ours.parallel.micro_batch_size  # an update's answers as one micro-batch on both sides
+    # the same prompts in the same order: TRL's list against the trainer's own stream
+    train = load_examples(ours.data.train, "train", ours.data.data_dir,
+                          **tasks.loader_kwargs(ours.data.train, ours.data.levels,
+                                                ours.data.train_size, ours.seed))
+    mine = PromptStream(train, ours.seed).take(args.steps * a.prompts_per_rollout)
+    assert [(e.id, e.prompt) for e in peer_trl.trl_prompts(args)] == \
+        [(e.id, e.prompt) for e in mine]
+    if job == "long":
+        assert mine[0].prompt[:1] == peer_trl.LONG_PROMPT and len(mine[0].prompt) == 2
+    # the same lengths: answers, and prompts that neither side cuts
+    assert trl.max_completion_length == ours.rollout.max_response_length == \
+        {"short": 32, "long": 512}[job]
+    assert getattr(trl, "max_prompt_length", None) is None  # TRL 1.16 does not cut prompts
+    assert a.overlong_buffer == 8
+    # the same precision
+    assert trl.bf16 == (ours.model.dtype == "bfloat16") == (precision == "bf16")
+    assert not trl.fp16
+    # the same optimizer: a fused AdamW, its settings and weight decay off one-dimensional
+    # parameters, and the same schedule (the first RL step's updates at lr / 2)
+    assert (trl.learning_rate, trl.adam_beta1, trl.adam_beta2, trl.adam_epsilon,
+            trl.weight_decay, trl.max_grad_norm) == (a.lr, 0.9, 0.999, a.adam_eps,
+                                                     a.weight_decay, a.grad_clip)
+    assert not a.weight_decay_all
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer, schedule = peer_trl.trl_optimizer(model, trl, 2, a.warmup_steps)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
+    assert [(len(g["params"]), g["weight_decay"]) for g in optimizer.param_groups] == \
+        [(1, a.weight_decay), (3, 0.0)]
+    assert schedule.get_last_lr() == [a.lr / 2] * 2
+    # the loss: clip range, dual clip, token-level aggregation, no KL
+    assert (trl.epsilon, trl.epsilon_high, trl.delta, trl.beta, trl.loss_type) == \
+        (a.clip_low, a.clip_high, a.dual_clip, a.kl_coef, "dapo")
+    assert a.loss_agg == "token-mean" and not trl.shuffle_dataset
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("precision, rounds", [("fp32", 2), ("bf16", 1)])
 def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tmp_path, precision,
@@ -67,7 +132,7 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
          "--eval-at", "1", "--group", "2", "--prompts", "2", "--per-update", "1",
          "--max-tokens", "8", "--eval-questions", "6", "--eval-samples", "1",
          "--eval-engine", "transformers", "--model", str(make_model(tmp_path / "model")),
-         "--out", str(out)],
+         "--out", str(out), *(["--seed-per-round"] if rounds == 2 else [])],
         capture_output=True, text=True, timeout=scaled(900))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "peer_trl.json").read_text())
@@ -77,6 +142,16 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
         {"fp32": "float32", "bf16": "bfloat16"}[precision]
     assert result["runs"]["trl"]["precision"] == \
         {"fp32": "float32", "bf16": "float32 weights, bf16 autocast"}[precision]
+    # what each side ran with, from the trainers themselves: no recompute on either side, TRL's
+    # fused AdamW, and the answers' tokens within 20% of each other in every round
+    assert result["runs"]["trl"]["setup"]["gradient_checkpointing"] is False
+    assert result["runs"]["trl"]["setup"]["optimizer_fused"] is True
+    assert result["runs"]["ours-transformers"]["setup"]["activation_recompute"] == "none"
+    for ours, trl in zip(result["runs"]["ours-transformers"]["rounds"],
+                         result["runs"]["trl"]["rounds"]):
+        generated = [sum(s["generated_tokens"] for s in each["steps"]) for each in (ours, trl)]
+        assert abs(generated[1] - generated[0]) <= 0.2 * generated[0], generated
+    assert result["runs"]["ours-transformers"]["trl_over_this"]["rounds"] == rounds
     for mode in result["modes"]:
         run = result["runs"][mode]
         f = run["figures"]
@@ -91,16 +166,23 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
             assert 4 <= step["generated_tokens"] == step["trained_tokens"] <= 32, (mode, step)
             assert 0.1 < each["peak_gib"] <= run["peak_gib"] < 20, (mode, run["peak_gib"])
             assert each["wall_s"] > step["step_s"], (mode, each["wall_s"])
-        policy = Path(run["policies"]["1"])
-        assert (policy / "config.json").is_file() and (policy / "tokenizer_config.json").is_file()
-        samples = (out / "eval" / f"{mode}-1" / "samples.jsonl").read_text().splitlines()
-        assert len(samples) == 6, mode  # 6 held-out questions x 1 answer
+        # --seed-per-round with two rounds: seeds 1 and 2, each round's policy evaluated
+        assert [each["seed"] for each in run["rounds"]] == [1, 2][:rounds], mode
+        assert result["curves"][mode]["seeds"] == [1, 2][:rounds], mode
+        for r, each in enumerate(run["rounds"]):
+            policy = Path(each["policies"]["1"])
+            assert (policy / "config.json").is_file() and \
+                (policy / "tokenizer_config.json").is_file()
+            samples = (out / "eval" / ("" if r == 0 else f"round-{r}") / f"{mode}-1" /
+                       "samples.jsonl").read_text().splitlines()
+            assert len(samples) == 6, mode  # 6 held-out questions x 1 answer
     assert result["curve_steps"] == [0, 1]
     assert set(result["curves"]) == {"ours-transformers", "trl"}
     assert result["curves"]["ours-transformers"]["acc"][0] == result["curves"]["trl"]["acc"][0]
-    assert result["curves"]["trl"]["area_vs_first"]["low"] <= \
-        result["curves"]["trl"]["area_vs_first"]["diff"] <= \
-        result["curves"]["trl"]["area_vs_first"]["high"]
+    area = result["curves"]["ours-transformers"]["area_vs_reference"]  # minus TRL's
+    assert result["curve_reference"] == "trl"
+    assert result["curves"]["trl"]["area_vs_reference"] is None
+    assert area["low"] <= area["mean"] <= area["high"] and area["seeds"] == rounds
     table = (out / "peer_trl.md").read_text()
     assert "| ours-transformers | " in table and "| trl | " in table
     assert (out / "peer_trl.png").stat().st_size > 1000
