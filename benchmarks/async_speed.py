@@ -1,7 +1,7 @@
 """Asynchronous rollout against the synchronous trainer on this machine, the modes in turn.
 
     python benchmarks/async_speed.py [--job demo|long] [--steps 6] [--rounds 2] \
-        [--modes sync partial disaggregated] [--out runs/async-speed] [--seed 1]
+        [--modes sync partial disaggregated] [--out runs/async-speed] [--seed 1] [--check-sync]
 
 The job: ``demo`` is the demo's baseline job (``experiment=cpu_demo``, M = 0: 4 prompts of 6
 answers a step, answers up to 32 tokens); ``long`` is the same with its arithmetic problems asked
@@ -20,7 +20,11 @@ Figures per mode (steps 2 and later of every round): seconds per step (median), 
 tokens generated per second of step, the learner's and the engines' idle seconds a step
 (``time/learner_idle``, ``time/rollout_idle``; the synchronous run's from its phases), the
 tokens' staleness. Each mode's step time against ``sync``'s: the ratio of medians with a 95%
-interval from a bootstrap over each round's steps. Writes ``OUT/async_speed.json``.
+interval from a bootstrap over each round's steps. ``--check-sync`` runs every mode with
+``rollout.check_sync=true`` and reports, beside the rest, how far the engine's log-probs are from
+the actor's right after each weight sync (the largest and the mean of ``sync/max_logprob_diff``
+and ``sync/mean_logprob_diff`` over the timed steps): the colocated load against the disaggregated
+broadcast in buckets. Writes ``OUT/async_speed.json``.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def run(mode: str, args, round_: int) -> list[dict]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
         str(ranks)]
     argv = [*launcher, "-m", "megatron_rlep.train", *job_overrides(args), *overrides,
-            f"run_dir={run_dir}"]
+            *(["rollout.check_sync=true"] if args.check_sync else []), f"run_dir={run_dir}"]
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
     with open(Path(args.out) / f"{mode}-{round_}.log", "w") as log:
         code = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -94,7 +98,10 @@ def run(mode: str, args, round_: int) -> list[dict]:
         out.append({"step_s": r["time/step_s"], "tokens_per_s": fresh / r["time/step_s"],
                     "learner_idle_s": phases[r["step"]]["learner_idle_s"],
                     "rollout_idle_s": phases[r["step"]]["rollout_idle_s"],
-                    "staleness_mean": r.get("rollout/staleness_mean") or 0.0})
+                    "staleness_mean": r.get("rollout/staleness_mean") or 0.0,
+                    **({"sync_max_logprob_diff": r["sync/max_logprob_diff"],
+                        "sync_mean_logprob_diff": r["sync/mean_logprob_diff"]}
+                       if args.check_sync else {})})
     return out
 
 
@@ -121,6 +128,8 @@ def main() -> None:
                         choices=("sync", "partial", "disaggregated"))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="runs/async-speed")
+    parser.add_argument("--check-sync", action="store_true",
+                        help="the engine's log-probs against the actor's after every sync")
     args = parser.parse_args()
     if args.modes[0] != "sync":
         raise SystemExit("--modes must start with sync: the others are compared with it")
@@ -141,6 +150,10 @@ def main() -> None:
                                           [[s["step_s"] for s in r] for r in rounds])
         row["sync_step_over_this"] = {"ratio": value, "interval": [low, high]}
         row["per_round_step_s"] = [statistics.median(s["step_s"] for s in r) for r in rounds]
+        if args.check_sync:  # over the timed steps: the worst and the mean
+            row["sync_max_logprob_diff"] = max(s["sync_max_logprob_diff"] for s in every)
+            row["sync_mean_logprob_diff"] = statistics.fmean(s["sync_mean_logprob_diff"]
+                                                             for s in every)
         report["modes"][mode] = row
     (Path(args.out) / "async_speed.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report["modes"], indent=1))
