@@ -110,7 +110,7 @@ OURS = {"ours": ("vllm", []), "ours-transformers": ("transformers", []),  # engi
         "ours-compiled-rollout-logp": ("vllm", ["algorithm.old_logp=rollout",
                                                 "rollout.cpu_compile=true"])}
 # TRL tuned for speed (trl_config); trl-untuned undoes the first two, as this benchmark ran before
-TRL_TUNED = {"gradient_checkpointing": True, "optim": "adamw_torch_fused"}
+TRL_TUNED = {"gradient_checkpointing": False, "optim": "adamw_torch_fused"}
 TRL = {"trl": {}, "trl-vllm": {"use_vllm": True},
        "trl-untuned": {"gradient_checkpointing": True, "optim": "adamw_torch"}}
 # --job long: the same problems asked with the working shown, in the system line alone. The
