@@ -16,11 +16,14 @@ a process of its own on the same cores:
 * ``disaggregated``: one learner and one rollout rank under torchrun (a core each), N = 1,
   partial rollouts: the engine samples the next groups while the learner trains.
 
-Figures per mode (steps 2 and later of every round): seconds per step (median), the answers'
-tokens generated per second of step, the learner's and the engines' idle seconds a step
+Figures per mode (steps 2 and later of every round): seconds per step (the mean: with
+over-provisioning the steps alternate, one that generates for two and one that trains what the
+other left, so a median would show the short ones only), the answers' tokens generated per second
+(all timed steps' tokens over their seconds), the learner's and the engines' idle seconds a step
 (``time/learner_idle``, ``time/rollout_idle``; the synchronous run's from its phases), the
-tokens' staleness. Each mode's step time against ``sync``'s: the ratio of medians with a 95%
-interval from a bootstrap over each round's steps. ``--check-sync`` runs every mode with
+tokens' staleness, and every step's seconds. Each mode's step time against ``sync``'s: the
+ratio of the means with a 95% interval from a bootstrap over each round's steps. ``--reuse``
+reads the runs already in ``--out`` instead of running them again (a run missing is run). ``--check-sync`` runs every mode with
 ``rollout.check_sync=true`` and reports, beside the rest, how far the engine's log-probs are from
 the actor's right after each weight sync (the largest and the mean of ``sync/max_logprob_diff``
 and ``sync/mean_logprob_diff`` over the timed steps): the colocated load against the disaggregated
@@ -80,9 +83,11 @@ def run(mode: str, args, round_: int) -> list[dict]:
     argv = [*launcher, "-m", "megatron_rlep.train", *job_overrides(args), *overrides,
             *(["rollout.check_sync=true"] if args.check_sync else []), f"run_dir={run_dir}"]
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
-    with open(Path(args.out) / f"{mode}-{round_}.log", "w") as log:
-        code = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, OMP_NUM_THREADS=threads)).returncode
+    done = args.reuse and (run_dir / "metrics.jsonl").exists()
+    with open(Path(args.out) / f"{mode}-{round_}.log", "a" if done else "w") as log:
+        code = 0 if done else subprocess.run(
+            argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, OMP_NUM_THREADS=threads)).returncode
     if code:
         raise SystemExit(f"{mode}, round {round_}: the run failed (exit status {code}); see "
                          f"{Path(args.out) / f'{mode}-{round_}.log'}")
@@ -107,13 +112,13 @@ def run(mode: str, args, round_: int) -> list[dict]:
 
 def ratio_interval(base: list[list[float]], other: list[list[float]], draws: int = 2000,
                    seed: int = 0) -> tuple[float, float, float]:
-    """median(base) / median(other) over all rounds' steps, with a 95% bootstrap interval that
+    """mean(base) / mean(other) over all rounds' steps, with a 95% bootstrap interval that
     resamples each round's steps."""
     rng = random.Random(seed)
 
     def ratio(b, o):
-        return statistics.median(x for r in b for x in r) / \
-            statistics.median(x for r in o for x in r)
+        return statistics.fmean(x for r in b for x in r) / \
+            statistics.fmean(x for r in o for x in r)
     values = sorted(ratio([rng.choices(r, k=len(r)) for r in base],
                           [rng.choices(r, k=len(r)) for r in other]) for _ in range(draws))
     return ratio(base, other), values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
@@ -128,6 +133,8 @@ def main() -> None:
                         choices=("sync", "partial", "disaggregated"))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="runs/async-speed")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs already in --out instead of running them again")
     parser.add_argument("--check-sync", action="store_true",
                         help="the engine's log-probs against the actor's after every sync")
     args = parser.parse_args()
@@ -139,17 +146,20 @@ def main() -> None:
         for mode in args.modes:
             steps[mode].append(run(mode, args, round_))
             print(f"round {round_ + 1}, {mode}: "
-                  f"{statistics.median(s['step_s'] for s in steps[mode][-1]):.1f} s a step",
+                  f"{statistics.fmean(s['step_s'] for s in steps[mode][-1]):.1f} s a step",
                   flush=True)
     report = {"job": args.job, "steps": args.steps, "rounds": args.rounds, "cpus": os.cpu_count(),
               "command": " ".join(sys.argv), "modes": {}}
     for mode, rounds in steps.items():
         every = [s for r in rounds for s in r]
-        row = {k: statistics.median(s[k] for s in every) for k in every[0]}
+        row = {k: statistics.fmean(s[k] for s in every) for k in every[0]}
+        row["tokens_per_s"] = sum(s["tokens_per_s"] * s["step_s"] for s in every) / \
+            sum(s["step_s"] for s in every)
         value, low, high = ratio_interval([[s["step_s"] for s in r] for r in steps["sync"]],
                                           [[s["step_s"] for s in r] for r in rounds])
         row["sync_step_over_this"] = {"ratio": value, "interval": [low, high]}
-        row["per_round_step_s"] = [statistics.median(s["step_s"] for s in r) for r in rounds]
+        row["per_round_step_s"] = [statistics.fmean(s["step_s"] for s in r) for r in rounds]
+        row["steps_s"] = [[s["step_s"] for s in r] for r in rounds]
         if args.check_sync:  # over the timed steps: the worst and the mean
             row["sync_max_logprob_diff"] = max(s["sync_max_logprob_diff"] for s in every)
             row["sync_mean_logprob_diff"] = statistics.fmean(s["sync_mean_logprob_diff"]
