@@ -537,6 +537,16 @@ def round_seed(args, round_: int) -> int:
     return args.seed + round_ if args.seed_per_round else args.seed
 
 
+def failure(log: str, code: int) -> str:
+    """Why a mode's run failed, from its log: the trainer's own one-sentence error (``error: ...``,
+    e.g. a full disk) before any exception's last line, which for this trainer is only the
+    benchmark's CalledProcessError around it."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    said = [ln for ln in lines if ln.startswith("error: ")]
+    errors = said or [ln for ln in lines if re.search(r"\w+(Error|Exception)\b:", ln)]
+    return errors[-1] if errors else f"exit status {code}"
+
+
 def record(args, argv, mode: str, round_: int, run: dict) -> None:
     """Train ``mode`` once more (its round ``round_``) in a process of its own, and fold it
     into ``run``: each round's own figures, seed and policies, and the step figures over the
@@ -555,10 +565,8 @@ def record(args, argv, mode: str, round_: int, run: dict) -> None:
                                         str(out), "--seed", str(seed), "--run", mode], log)
     timing = out / mode / "timing.json"
     if code or not timing.is_file():
-        lines = log.read_text(errors="replace").splitlines()
-        errors = [ln.strip() for ln in lines if re.search(r"\w+(Error|Exception)\b:", ln)]
         run.clear()
-        run.update(error=errors[-1] if errors else f"exit status {code}", log=str(log))
+        run.update(error=failure(log.read_text(errors="replace"), code), log=str(log))
         print(f"[peer] {mode} failed: {run['error']}", flush=True)
         return
     done = json.loads(timing.read_text())

@@ -49,6 +49,17 @@ def test_a_forked_childs_shared_pages_count_once_in_the_peak(tmp_path, monkeypat
     assert 0.75 <= peak < 1.0, peak
 
 
+def test_a_failed_runs_reason_is_the_trainers_sentence_not_the_wrapping_exception():
+    log = ("checkpoints: 1.5 GiB each\n"
+           "error: /tmp/run has 0.4 GiB free but the run needs 2.5 GiB: free space or set run_dir\n"
+           "Traceback (most recent call last):\n"
+           "subprocess.CalledProcessError: Command '['python', '-m', 'megatron_rlep.train']' "
+           "returned non-zero exit status 2.\n")
+    assert peer_trl.failure(log, 1).startswith("error: /tmp/run has 0.4 GiB free")
+    assert peer_trl.failure("Traceback\nValueError: bad shape\n", 1) == "ValueError: bad shape"
+    assert peer_trl.failure("nothing said\n", 137) == "exit status 137"
+
+
 def test_a_job_that_does_not_divide_into_updates_is_refused_in_one_sentence(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH), "--prompts", "3", "--per-update", "2",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
