@@ -23,9 +23,9 @@ other left, so a median would show the short ones only), the answers' tokens gen
 (``time/learner_idle``, ``time/rollout_idle``; the synchronous run's from its phases), the
 tokens' staleness, and every step's seconds. Each mode's step time against ``sync``'s: the
 ratio of the means with a 95% interval from a bootstrap over each round's steps. ``--reuse``
-reads the runs already in ``--out`` instead of running them again (a run missing is run). ``--check-sync`` runs every mode with
-``rollout.check_sync=true`` and reports, beside the rest, how far the engine's log-probs are from
-the actor's right after each weight sync (the largest and the mean of ``sync/max_logprob_diff``
+reads the runs already in ``--out`` instead of running them again (a run missing is run).
+``--check-sync`` runs every mode with ``rollout.check_sync=true`` and reports, beside the rest,
+how far the engine's log-probs are from the actor's right after each weight sync (the largest and the mean of ``sync/max_logprob_diff``
 and ``sync/mean_logprob_diff`` over the timed steps): the colocated load against the disaggregated
 broadcast in buckets. Writes ``OUT/async_speed.json``.
 """
@@ -83,14 +83,13 @@ def run(mode: str, args, round_: int) -> list[dict]:
     argv = [*launcher, "-m", "megatron_rlep.train", *job_overrides(args), *overrides,
             *(["rollout.check_sync=true"] if args.check_sync else []), f"run_dir={run_dir}"]
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
-    done = args.reuse and (run_dir / "metrics.jsonl").exists()
-    with open(Path(args.out) / f"{mode}-{round_}.log", "a" if done else "w") as log:
-        code = 0 if done else subprocess.run(
-            argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, OMP_NUM_THREADS=threads)).returncode
-    if code:
-        raise SystemExit(f"{mode}, round {round_}: the run failed (exit status {code}); see "
-                         f"{Path(args.out) / f'{mode}-{round_}.log'}")
+    if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
+        with open(Path(args.out) / f"{mode}-{round_}.log", "w") as log:
+            code = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, OMP_NUM_THREADS=threads)).returncode
+        if code:
+            raise SystemExit(f"{mode}, round {round_}: the run failed (exit status {code}); see "
+                             f"{Path(args.out) / f'{mode}-{round_}.log'}")
     from plot import timeline
 
     phases = {r["step"]: r for r in timeline(run_dir, args.steps)}
