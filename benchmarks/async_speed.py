@@ -25,9 +25,10 @@ tokens' staleness, and every step's seconds. Each mode's step time against ``syn
 ratio of the means with a 95% interval from a bootstrap over each round's steps. ``--reuse``
 reads the runs already in ``--out`` instead of running them again (a run missing is run).
 ``--check-sync`` runs every mode with ``rollout.check_sync=true`` and reports, beside the rest,
-how far the engine's log-probs are from the actor's right after each weight sync (the largest and the mean of ``sync/max_logprob_diff``
-and ``sync/mean_logprob_diff`` over the timed steps): the colocated load against the disaggregated
-broadcast in buckets. Writes ``OUT/async_speed.json``.
+how far the engine's log-probs are from the actor's right after each weight sync (the largest and
+the mean of ``sync/max_logprob_diff`` and ``sync/mean_logprob_diff`` over the timed steps): the
+colocated load against the disaggregated broadcast in buckets.
+Writes ``OUT/async_speed.json``.
 """
 
 from __future__ import annotations
