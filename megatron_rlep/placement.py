@@ -5,7 +5,8 @@ Under torchrun or srun every rank starts the same command. ``split(cfg)`` decide
 ``rollout.ranks`` ranks are rollout ranks (``rollout_rank_main``), the rest learners, whose
 process group, Megatron's and every collective of the trainer's, holds only the learners. The
 two sides meet on a *bridge*: a process group of its own (gloo for messages; the job's backend,
-NCCL on GPUs, for weights) of learner 0 and the rollout ranks, on ``MASTER_PORT + 2``.
+NCCL on GPUs, for weights) of learner 0 and the rollout ranks, met through the job's own store
+(``job_store``: no port of its own that another program could hold).
 
 * The learner sends prompts (``Flight``s: a stream position, prompt ids, answers wanted) to the
   rollout ranks, a rollout engine's ranks at a time, round-robin; each rollout rank keeps them
@@ -58,15 +59,29 @@ def split(cfg) -> tuple[str, int, int]:
     return "rollout", rank - learners, learners
 
 
+def job_store(name: str, timeout: datetime.timedelta) -> dist.Store:
+    """A part of the job's own key-value store, at MASTER_ADDR:MASTER_PORT, named ``name`` and
+    this start of the job (torchrun's restarts each get a fresh part). Under torchrun its agent
+    keeps the store and every rank is a client; otherwise the job's rank 0 (learner 0, whose
+    process group already serves on that port) shares its server. (A port of the bridge's own
+    could be held by any socket on the machine, a client's included.)"""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    first = not agent and dist.is_initialized() and dist.get_rank() == 0
+    store = dist.TCPStore(host, port, is_master=first, timeout=timeout, multi_tenant=True,
+                          wait_for_workers=False)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"megatron_rlep/{name}/{attempt}", store)
+
+
 class Bridge:
     """Learner 0 (bridge rank 0) and the rollout ranks (1..R): pickled messages point to point
     and bucket broadcasts."""
 
     def __init__(self, rank: int, size: int, timeout_s: float):
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = int(os.environ.get("MASTER_PORT", "29500")) + 2
         self.timeout = datetime.timedelta(seconds=max(timeout_s, 60))
-        self.store = dist.TCPStore(host, port, size, rank == 0, timeout=self.timeout)
+        self.store = job_store("bridge", self.timeout)
         self.rank, self.size = rank, size
         self.messages = dist.ProcessGroupGloo(dist.PrefixStore("messages", self.store), rank,
                                               size, self.timeout)
@@ -375,9 +390,10 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s)
     try:
         if r.tensor_parallel > 1:  # the engine's ranks: a process group of their own
-            os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks),
-                              MASTER_PORT=str(int(os.environ.get("MASTER_PORT", "29500")) + 1))
-            dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+            os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks))  # vLLM reads them
+            dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl",
+                                    store=job_store("rollout", bridge.timeout), rank=index,
+                                    world_size=r.ranks)
         path = resolve_model_path(cfg.model.path)
         engine = make_engine(r, path, compute_dtype(cfg.model.dtype), cfg.seed,
                              cfg.data.max_prompt_length + r.max_response_length)

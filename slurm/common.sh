@@ -28,12 +28,12 @@ fi
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 if [ -z "${MASTER_PORT:-}" ]; then
     # from the job's id; this script runs on the first node, the rendezvous host, so a port some
-    # other program listens on there (or on the two above it, the rollout bridge's) is skipped:
-    # torchrun would otherwise join that program's store and fail
+    # other program listens on there is skipped: torchrun would otherwise join that program's
+    # store and fail (the rollout bridge meets in the same store: no port of its own)
     MASTER_PORT=$((20000 + ${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} % 20000 + ${SLURM_ARRAY_TASK_ID:-0}))
     port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-    while port_taken "$MASTER_PORT" || port_taken $((MASTER_PORT + 1)) || port_taken $((MASTER_PORT + 2)); do
-        MASTER_PORT=$((MASTER_PORT + 3))
+    while port_taken "$MASTER_PORT"; do
+        MASTER_PORT=$((MASTER_PORT + 1))
     done
 fi
 export MASTER_ADDR MASTER_PORT

@@ -18,7 +18,7 @@ from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
-from launch import env, launcher  # noqa: E402
+from launch import env, launcher, why  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BEFORE = "5458e4981b8fb33c926040c096ee1cb5173c4a60"  # the last commit of the synchronous trainer
@@ -174,7 +174,7 @@ def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sente
     argv, environment = torchrun(model, run_dir, 2)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),
                           env=environment)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     assert "asynchronous rollout: disaggregated engines" in done.stdout
     first = rows(run_dir)
     assert [r["step"] for r in first] == [1, 2]
@@ -185,7 +185,7 @@ def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sente
     argv, environment = torchrun(model, run_dir, 3)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),
                           env=environment)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3] and "resuming from" in done.stdout
     # a rollout rank killed mid-run: the learners stop in one sentence, well within the timeout
     argv, environment = torchrun(model, tmp_path / "dies", 40, "rollout.timeout_s=300")

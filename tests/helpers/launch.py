@@ -6,6 +6,7 @@ oversubscribe the machine.
 """
 
 import os
+import re
 import sys
 
 
@@ -42,3 +43,13 @@ def env(argv: list[str] | None = None, **extra: str) -> dict:
     nproc = int(argv[argv.index("--nproc_per_node") + 1]) if "--nproc_per_node" in argv else 1
     threads = max(1, worker_cores() // nproc)
     return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore", **extra)
+
+
+def why(done) -> str:
+    """What a failed run printed: its first error lines (a torchrun job's tail is its workers'
+    C++ frames, which hide them), then the tails of its output."""
+    text = f"{done.stdout or ''}\n{done.stderr or ''}"
+    errors = [line for line in text.splitlines()
+              if re.match(r"(error: |([\w.]+\.)?\w*(Error|Exception)\b)", line)]
+    return "\n".join(errors[:6]) + "\n...\n" + (done.stdout or "")[-3000:] + \
+        (done.stderr or "")[-3000:]
