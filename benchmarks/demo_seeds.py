@@ -69,6 +69,12 @@ COMPARISONS = {"rlep_minus_matched": ("matched", "rlep"),
 def bootstrap_pooled(root: Path, seeds: list[int], a: str, b: str) -> dict:
     """B minus A pooled over seeds for eval, area and last point, each with the two-level
     bootstrap interval over seeds and held-out questions (paired.nested)."""
+    return pooled_pairs([(root / f"seed-{s}" / a, root / f"seed-{s}" / b) for s in seeds])
+
+
+def pooled_pairs(pairs: list[tuple[Path, Path]]) -> dict:
+    """B minus A for (A, B) run directories of the demo, one pair a seed, pooled as above; a
+    run's final evaluation lies beside it in ``eval-RUN``."""
     from megatron_rlep import paired
 
     def evaluation(run_dir):
@@ -76,12 +82,11 @@ def bootstrap_pooled(root: Path, seeds: list[int], a: str, b: str) -> dict:
                                         (run_dir / "samples.jsonl").read_text().splitlines())
 
     units = {"eval": [], "area": [], "last": []}
-    for seed in seeds:
-        out = root / f"seed-{seed}"
-        va, vb = (paired.validation_records(out / run) for run in (a, b))
+    for a, b in pairs:
+        va, vb = paired.validation_records(a), paired.validation_records(b)
         last = max(va.keys() & vb.keys())
-        units["eval"].append(paired.point_difference(evaluation(out / f"eval-{a}"),
-                                                     evaluation(out / f"eval-{b}")))
+        units["eval"].append(paired.point_difference(
+            evaluation(a.parent / f"eval-{a.name}"), evaluation(b.parent / f"eval-{b.name}")))
         units["area"].append(paired.curve_area_difference(va, vb))
         units["last"].append(paired.point_difference(va[last], vb[last]))
     return {k: paired.nested(v) for k, v in units.items()}

@@ -1,0 +1,88 @@
+"""benchmarks/staleness_study.py on demo trees written here by hand: the differences from the
+synchronous arm and the minutes each arm takes to reach the synchronous baseline's peak."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import staleness_study  # noqa: E402
+
+QUESTIONS = ["q1", "q2", "q3", "q4"]
+
+
+def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[int]) -> None:
+    """A demo run: ``points`` {step: (seconds since start, [correct per question])}, step 1 of
+    10 s first; its final evaluation's correct per question in ``eval-RUN``."""
+    run_dir = seed_dir / run
+    (run_dir / "validation").mkdir(parents=True)
+    rows = [{"step": 1, "time": start + 10.0, "time/step_s": 10.0}]
+    for step, (seconds, correct) in sorted(points.items()):
+        rows.append({"step": step, "time": start + seconds, "time/step_s": 10.0,
+                     "val/acc": sum(correct) / len(correct)})
+        (run_dir / "validation" / f"step-{step}.jsonl").write_text("".join(
+            json.dumps({"id": q, "correct": c}) + "\n" for q, c in zip(QUESTIONS, correct)))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (seed_dir / f"eval-{run}").mkdir()
+    (seed_dir / f"eval-{run}" / "samples.jsonl").write_text("".join(
+        json.dumps({"id": q, "correct": c}) + "\n" for q, c in zip(QUESTIONS, final)))
+    (seed_dir / "report.json").write_text("{}")
+
+
+def arms(tmp_path: Path) -> dict[int, Path]:
+    for seed in (1, 2):
+        sync = tmp_path / "n0" / f"seed-{seed}"
+        write_run(sync, "baseline", 1000.0, {2: (60, [1, 0, 0, 0]), 4: (120, [1, 1, 0, 0])},
+                  [1, 0, 0, 0])
+        write_run(sync, "rlep", 5000.0, {2: (60, [1, 1, 0, 0]), 4: (120, [1, 1, 1, 0])},
+                  [1, 1, 0, 0])
+        stale = tmp_path / "n1" / f"seed-{seed}"
+        # reaches the baseline's peak (0.5) at its step 4 (90 s) in baseline; never in RLEP
+        write_run(stale, "baseline", 0.0, {2: (45, [0, 0, 0, 1]), 4: (90, [1, 1, 0, 0])},
+                  [1, 1, 0, 0])
+        write_run(stale, "rlep", 0.0, {2: (45, [0, 0, 0, 0]), 4: (90, [0, 1, 0, 0])},
+                  [0, 0, 0, 0])
+    return {0: tmp_path / "n0", 1: tmp_path / "n1"}
+
+
+def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
+    result = staleness_study.study(arms(tmp_path))
+    assert result["baseline_peaks"] == {1: 0.5, 2: 0.5}
+    sync, stale = result["arms"][0], result["arms"][1]
+    # the synchronous baseline reaches its own peak at its step 4: 120 s after step 1 began
+    assert sync["minutes_to_peak"]["baseline"]["per_seed"] == {1: 2.0, 2: 2.0}
+    assert sync["minutes_to_peak"]["rlep"]["per_seed"] == {1: 1.0, 2: 1.0}
+    assert stale["minutes_to_peak"]["baseline"] == {"per_seed": {1: 1.5, 2: 1.5}, "reached": 2,
+                                                    "mean": 1.5}
+    assert stale["minutes_to_peak"]["rlep"] == {"per_seed": {1: None, 2: None}, "reached": 0,
+                                                "mean": None}
+    versus = stale["versus_reference"]
+    assert versus["baseline"]["eval"]["mean"] == pytest.approx(0.25)  # 0.5 - 0.25
+    assert versus["rlep"]["eval"]["mean"] == pytest.approx(-0.5)  # 0 - 0.5
+    # areas (trapezoid over steps 2..4, divided by the 2 steps): baseline 0.375 vs 0.375
+    assert versus["baseline"]["area"]["mean"] == pytest.approx(0.0)
+    assert versus["rlep"]["area"]["mean"] == pytest.approx(0.125 - 0.625)
+    assert versus["rlep"]["eval"]["low"] <= -0.5 <= versus["rlep"]["eval"]["high"]
+    assert sync["versus_reference"] == {}
+    table = staleness_study.markdown(result)
+    assert "| 1 | baseline | 2 | +0.250 [" in table and "| 1 | rlep | 2 |" in table
+    assert "| 1.5 | 2/2 |" in table and "|  | 0/2 |" in table
+
+
+def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):
+    roots = arms(tmp_path)
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "staleness_study.py"),
+                           "--arms", f"0={roots[0]}", f"2={tmp_path / 'empty'}"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "holds no finished demo seed" in done.stderr and "demo_seeds.py --root" in done.stderr
+    out = tmp_path / "study.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "staleness_study.py"),
+                           "--arms", f"0={roots[0]}", f"1={roots[1]}", "--json", str(out)],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(out.read_text())["arms"]["1"]["minutes_to_peak"]["baseline"]["mean"] == 1.5
