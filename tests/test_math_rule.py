@@ -4,14 +4,17 @@ equivalence, near misses, hostile input, and the shaped reward through the score
 import concurrent.futures
 import importlib.util
 import multiprocessing
+import os
 import random
+import signal
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from megatron_rlep.reward.equivalence import EquivalenceChecker
+from megatron_rlep.reward.equivalence import WALL_FACTOR, EquivalenceChecker, stacked_power
 from megatron_rlep.reward.math_rule import (MathRule, dapo_verdict, normalize_final_answer,
                                             overlong_penalty)
 
@@ -104,7 +107,8 @@ def math_verifier():
     ("1/2", "\\frac{1}{2}"), ("0.5", "\\frac12"), ("2\\sqrt{3}", "\\sqrt{12}"),
     ("1,000", "1000"), ("007", "7"), ("\\boxed{5}", "5"), ("30^\\circ", "30"),
     ("(1,2]", "(1, 2]"), ("x^2+2x+1", "(x+1)^2"), ("\\dfrac{3}{4}", "0.75"),
-    ("\\{1,2\\}", "\\{2,1\\}"), ("27.0", "27"),
+    ("\\{1,2\\}", "\\{2,1\\}"), ("27.0", "27"), ("x^3+3x^2+3x+1", "(x+1)^3"),
+    ("x^2+y^2", "y^2+x^2"),
 ])
 def test_math_mode_accepts_equivalent_forms(math_verifier, answer, truth):
     assert math_verifier.verdict(f"Work.\nAnswer: {answer}", truth)[0]
@@ -120,6 +124,7 @@ def test_math_mode_reads_boxed_answers(math_verifier):
 @pytest.mark.parametrize("answer, truth", [
     ("0.51", "0.5"), ("3\\sqrt{2}", "\\sqrt{12}"), ("[1,2]", "(1,2]"), ("x^2+1", "x^2-1"),
     ("100", "1000"), ("-3", "3"), ("1/3", "1/4"), ("\\{1,2\\}", "\\{1,3\\}"), ("12", "21"),
+    ("x^2+y^2", "x^2-y^2"),
 ])
 def test_math_mode_rejects_near_misses(math_verifier, answer, truth):
     assert not math_verifier.verdict(f"Answer: {answer}", truth)[0]
@@ -131,6 +136,14 @@ HOSTILE = [
     "x" * 2_000_000 + "\nAnswer: 5", "Answer: " + "9" * 2_000_000, "\x00" * 1000 + "Answer: \x005",
     "Answer: \\frac{1}{0}", "Answer: " + "\\sqrt{" * 2000 + "2" + "}" * 2000, "\\boxed{" * 10000,
 ]
+
+
+def test_only_a_power_in_an_exponent_is_stacked():
+    """Towers are refused without asking sympy; powers side by side are asked."""
+    stacked = ["9^{9^{9}}", "2^3^4", "2^{10^{100}}", "e^{x^{2}}", "2^{\\frac{1}{2}^{9}}", "a^ {b}^c"]
+    plain = ["x^2+y^2", "x^3+3x^2+3x+1", "(x^2)^{3}", "10^{-3}", "30^\\circ", "x^"]
+    assert [stacked_power(a) for a in stacked] == [True] * len(stacked)
+    assert [stacked_power(a) for a in plain] == [False] * len(plain)
 
 
 @pytest.mark.parametrize("mode", ["dapo", "math"])
@@ -162,6 +175,24 @@ def test_the_deadline_counts_from_a_ready_worker_not_from_its_restart():
     start = time.monotonic()
     assert checker.equivalent("2\\sqrt{3}", "\\sqrt{12}") is True
     assert time.monotonic() - start > 0.3  # the restart took longer than the deadline itself
+    checker.close()
+
+
+def test_the_deadline_is_the_workers_cpu_time_so_a_busy_machine_changes_no_verdict():
+    """A worker kept off the CPU (stopped, as a loaded machine's scheduler might leave it) past
+    its deadline of 0.2 s still answers: the deadline counts its CPU time. Stopped for good, it
+    is killed at the wall-clock bound (WALL_FACTOR deadlines), and the next check works."""
+    checker = EquivalenceChecker(timeout_s=0.2)
+    assert checker.equivalent("1/2", "0.5") is True  # math-verify's imports done
+    pid = checker._proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    threading.Timer(1.0, os.kill, (pid, signal.SIGCONT)).start()
+    assert checker.equivalent("x^2+2x+1", "(x+1)^2") is True and checker.timeouts == 0
+    os.kill(checker._proc.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    assert checker.equivalent("2\\sqrt{3}", "\\sqrt{12}") is False and checker.timeouts == 1
+    assert WALL_FACTOR * 0.2 <= time.monotonic() - start < WALL_FACTOR * 0.2 + 1.0
+    assert checker.equivalent("2\\sqrt{3}", "\\sqrt{12}") is True  # a fresh worker
     checker.close()
 
 

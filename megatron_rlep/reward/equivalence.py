@@ -3,9 +3,13 @@
 sympy can run for minutes or exhaust memory on answers such as ``9^{9^{9}}`` or ``10^8!``, and
 a thread cannot be interrupted, so math-verify never runs in the caller's process: requests
 go to a child process over pipes and a reply that misses its deadline kills the child (a new
-one starts on the next request). Nothing here uses signals, so it is safe in any thread and in
-worker processes. Answers that are plainly explosive (huge exponents or factorials, deep
-nesting, long strings) are judged not equivalent without asking.
+one starts on the next request). The deadline is the child's CPU time on the request (where
+/proc gives it; wall-clock time elsewhere), with ``WALL_FACTOR`` times as much wall-clock time
+as a last bound: on a busy machine a slow reply is the same verdict as on a quiet one. The
+child warms sympy's algebra before it says it is ready. Nothing here uses signals, so it is safe
+in any thread and in worker processes. Answers that are plainly explosive (huge exponents or
+factorials, towers of powers, deep nesting, long strings) are judged not equivalent without
+asking.
 
 Run as ``python -m megatron_rlep.reward.equivalence`` it is the child: one JSON request per line in,
 one JSON reply per line out.
@@ -21,20 +25,45 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 MAX_ANSWER_CHARS = 256
+WALL_FACTOR = 10  # a check's wall-clock bound, in its CPU deadlines
+POLL_S = 0.02
 MAX_BRACE_DEPTH = 10
 _EXPLOSIVE = re.compile(
     r"\^\s*\{?\s*[(\[]?\s*-?\d{4,}"  # exponent of 1000 or more
-    r"|\^[^$]*\^"  # stacked powers
     r"|\d{4,}\s*!"  # factorial of 1000 or more
     r"|\d{200,}"  # absurdly long literal
 )
 
 
+def stacked_power(answer: str) -> bool:
+    """A power whose exponent holds a power (``9^{9^{9}}``, ``2^3^4``): sympy may evaluate a
+    tower. Powers side by side (``x^2+y^2``) are not stacked."""
+    for i, ch in enumerate(answer):
+        if ch != "^":
+            continue
+        rest = answer[i + 1:].lstrip()
+        if rest.startswith("{"):
+            depth = 0
+            for end, c in enumerate(rest):
+                depth += {"{": 1, "}": -1}.get(c, 0)
+                if depth == 0:
+                    break
+            exponent, after = rest[:end + 1], rest[end + 1:]
+        else:
+            token = re.match(r"\\[a-zA-Z]+|[\w.]*", rest).group()
+            exponent, after = token, rest[len(token):]
+        if "^" in exponent or after.lstrip().startswith("^"):
+            return True
+    return False
+
+
 def worth_asking(answer: str) -> bool:
     """False for answers that could make sympy run away; those are judged not equivalent."""
-    if len(answer) > MAX_ANSWER_CHARS or "\x00" in answer or _EXPLOSIVE.search(answer):
+    if len(answer) > MAX_ANSWER_CHARS or "\x00" in answer or _EXPLOSIVE.search(answer) or \
+            stacked_power(answer):
         return False
     depth = 0
     for ch in answer:
@@ -87,15 +116,31 @@ class EquivalenceChecker:
             if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
                 self._start()  # first use in a forked child, or after a kill
             # the deadline counts from a ready worker: a restart (about 0.6 s) is not the answer's
-            deadline = time.monotonic() + self.timeout_s
-            self._proc.stdin.write((json.dumps([answer, gold]) + "\n").encode())
-            self._proc.stdin.flush()
-            reply = self._read_line(deadline - time.monotonic())
+            reply = self._ask(answer, gold)
             if reply is None:
                 self.timeouts += 1
                 self._kill()
                 return False
             return reply == "true"
+
+    def _ask(self, answer: str, gold: str) -> str | None:
+        """The child's reply, or None once it has spent ``timeout_s`` of CPU time on it (or
+        ``WALL_FACTOR`` times that of wall-clock time)."""
+        start = _cpu_seconds(self._proc.pid)
+        wall = time.monotonic() + (WALL_FACTOR if start is not None else 1) * self.timeout_s
+        self._proc.stdin.write((json.dumps([answer, gold]) + "\n").encode())
+        self._proc.stdin.flush()
+        while True:
+            left = wall - time.monotonic()
+            reply = self._read_line(min(left, POLL_S))
+            if reply is not None:
+                return reply
+            if left <= 0:
+                return None
+            if start is not None:
+                spent = _cpu_seconds(self._proc.pid)
+                if spent is None or spent - start > self.timeout_s:
+                    return None
 
     def close(self) -> None:
         with self._lock:
@@ -106,6 +151,15 @@ class EquivalenceChecker:
             self.close()
         except Exception:
             pass
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The process's user and system CPU seconds so far (Linux's /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _serve() -> None:
@@ -119,6 +173,7 @@ def _serve() -> None:
         reference = parse(f"${gold}$", parsing_timeout=None)
         return bool(target and reference and verify(reference, target, timeout_seconds=None))
 
+    check("x^2+2x+1", "(x+1)^2")  # sympy's first algebra loads and caches much (0.5 s of CPU)
     out = sys.stdout
     out.write("ready\n")
     out.flush()
