@@ -28,12 +28,14 @@ fi
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 if [ -z "${MASTER_PORT:-}" ]; then
     # from the job's id; this script runs on the first node, the rendezvous host, so a port some
-    # other program listens on there is skipped: torchrun would otherwise join that program's
-    # store and fail (the rollout bridge meets in the same store: no port of its own)
+    # other program listens on there is skipped (torchrun would otherwise join that program's
+    # store and fail), three ports at a time, each of the three free: an array's tasks start on
+    # consecutive ports, and a task pushed off its own must not land on the next task's (the
+    # rollout bridge meets in the job's store: no port of its own)
     MASTER_PORT=$((20000 + ${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} % 20000 + ${SLURM_ARRAY_TASK_ID:-0}))
     port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-    while port_taken "$MASTER_PORT"; do
-        MASTER_PORT=$((MASTER_PORT + 1))
+    while port_taken "$MASTER_PORT" || port_taken $((MASTER_PORT + 1)) || port_taken $((MASTER_PORT + 2)); do
+        MASTER_PORT=$((MASTER_PORT + 3))
     done
 fi
 export MASTER_ADDR MASTER_PORT
