@@ -227,7 +227,7 @@ class LoggingConfig:
 @dataclass
 class CodeSandboxConfig:
     """What a code answer's program may use, per test run (megatron_rlep/reward/sandbox.py)."""
-    wall_s: float = 10.0
+    wall_s: float = 10.0  # time running or asleep (not waiting for a CPU); 10x wall clock at most
     cpu_s: int = 10
     memory_mb: int = 1024
     nproc: int = 32  # processes (a fork bomb stops there)

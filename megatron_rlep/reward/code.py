@@ -39,7 +39,6 @@ import ast
 import json
 import re
 import secrets
-import time
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -190,7 +189,7 @@ def _message(line: str | None):
 def _why_gone(session: Session) -> str:
     if session.flooded:
         return "it wrote past the output limit"
-    if time.monotonic() >= session.deadline - 5:
+    if session.timed_out():
         return f"it passed its wall clock of {session.sandbox.limits.wall_s:g} s"
     return "it exited" if session.ended else "it did not reply in time"
 

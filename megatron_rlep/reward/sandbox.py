@@ -5,9 +5,10 @@ or a scorer's process, only here, one program per sandbox.
 ``python -I -S main.py`` there through ``sandbox_init.py`` (its docstring says what each layer
 does): user, PID, network and mount namespaces, a private tmpfs work directory, Landlock rules
 (read only the interpreter's files, write only the work directory, no TCP, no signals out),
-resource limits (CPU time, memory, processes, file size), a wall-clock limit, and stdout and
-stderr read here up to ``Limits.output_bytes`` (more kills the program). The verdict is never
-this process's to take from the program's exit status alone: callers compare its output.
+resource limits (CPU time, memory, processes, file size), a wall-clock limit that a busy node
+does not shorten, and stdout and stderr read here up to ``Limits.output_bytes`` (more kills the
+program). The verdict is never this process's to take from the program's exit status alone:
+callers compare its output.
 
 Why these layers: they need no root and no extra package (bubblewrap and nsjail are not on a
 cluster node by default; seccomp filters need libseccomp or a hand-written BPF program), and
@@ -35,17 +36,24 @@ from pathlib import Path
 RUNNER = Path(__file__).with_name("sandbox_init.py")
 INFRA_EXIT, TIMEOUT_EXIT = 125, 124
 LINE_LIMIT = 64 << 20  # a Session's longest line: a call's arguments or result (10^6 numbers)
+# a program's wall clock counts the time it runs or sleeps, not the time it waits for a CPU on
+# a busy node; whatever the load, it ends at WALL_FACTOR times its wall clock
+WALL_FACTOR = 10
 
 
 @dataclass(frozen=True)
 class Limits:
-    wall_s: float = 10.0  # the program's wall clock
+    wall_s: float = 10.0  # the program's wall clock (time waiting for a CPU not counted)
     cpu_s: int = 10  # its CPU seconds (RLIMIT_CPU)
     memory_mb: int = 1024  # its address space (RLIMIT_AS)
     nproc: int = 32  # processes of its user (RLIMIT_NPROC; counted inside its user namespace)
     fsize_mb: int = 16  # the largest file it may write (RLIMIT_FSIZE)
     tmpfs_mb: int = 64  # its whole work directory
     output_bytes: int = 1 << 20  # stdout and stderr each; more kills the program
+
+    @property
+    def wall_max_s(self) -> float:
+        return WALL_FACTOR * self.wall_s
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,7 @@ class Sandbox:
         proc, workdir, start = started
         try:
             out, err, flooded = self._communicate(proc, stdin.encode(),
-                                                  start + self.limits.wall_s + 5)
+                                                  start + self.limits.wall_max_s + 5)
         finally:
             _kill(proc)
             shutil.rmtree(workdir, ignore_errors=True)
@@ -104,6 +112,7 @@ class Sandbox:
         lim = self.limits
         config = {"workdir": workdir, "files": files, "argv": [self.python, "-I", "-S", script],
                   "read_paths": self.reads, "require": self.require, "wall_s": lim.wall_s,
+                  "wall_max_s": lim.wall_max_s,
                   "cpu_s": lim.cpu_s, "memory_mb": lim.memory_mb, "nproc": lim.nproc,
                   "fsize_mb": lim.fsize_mb, "tmpfs_mb": lim.tmpfs_mb}
         start = time.monotonic()
@@ -124,7 +133,7 @@ class Sandbox:
             return Outcome("infra", None, out, err, seconds, setup[-1][len("sandbox: "):])
         if flooded:
             return Outcome("output", None, out, err, seconds)
-        if code == TIMEOUT_EXIT or seconds > self.limits.wall_s + 5:
+        if code == TIMEOUT_EXIT or seconds > self.limits.wall_max_s + 5:
             return Outcome("timeout", None, out, err, seconds)
         return Outcome("ok", code, out, err, seconds, notes[0][9:] if notes else "")
 
@@ -177,7 +186,7 @@ class Session:
 
     def __init__(self, sandbox: Sandbox, proc: subprocess.Popen, workdir: str, start: float):
         self.sandbox, self.proc, self.workdir, self.start = sandbox, proc, workdir, start
-        self.deadline = start + sandbox.limits.wall_s + 5
+        self.deadline = start + sandbox.limits.wall_max_s + 5
         self.pending, self.out, self.err = b"", [], bytearray()
         self.flooded, self.ended = False, False
         self.selector = selectors.DefaultSelector()
@@ -215,6 +224,16 @@ class Session:
         line, _, self.pending = self.pending.partition(b"\n")
         self.out.append(line[:1000])  # the start of each line, for the Outcome
         return line.decode(errors="replace")
+
+    def timed_out(self) -> bool:
+        """Whether the program was stopped at its wall clock (its output ended, or the
+        backstop passed)."""
+        if time.monotonic() >= self.deadline - 5:
+            return True
+        try:
+            return self.ended and self.proc.wait(timeout=1) == TIMEOUT_EXIT
+        except subprocess.TimeoutExpired:
+            return False
 
     def close(self) -> Outcome:
         """The program ended (its input closed first, then killed), its work directory gone."""
