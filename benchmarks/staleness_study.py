@@ -4,7 +4,9 @@
     python benchmarks/demo_seeds.py --seeds 1 2 3 4 5 --root runs/staleness-1 --prune \
         algorithm.max_staleness=1 rollout.placement=disaggregated rollout.ranks=1 \
         rollout.partial=true rollout.segment_tokens=16
-    (the same with max_staleness=2 into runs/staleness-2), then
+    (the same with max_staleness=2 into runs/staleness-2; one seed of every arm at a time,
+    ``--seeds 1`` for N = 0, 1, 2, then ``--seeds 2``..., leaves paired seeds when a machine's
+    time runs out: a demo resumes its finished runs), then
     python benchmarks/staleness_study.py --arms 0=runs/staleness-0 1=runs/staleness-1 \
         2=runs/staleness-2 [--seeds 1 2 3 4 5] [--json docs/staleness_study.json]
 
