@@ -11,7 +11,8 @@ runs, the proportional set sizes of the launcher and every process under it (the
 scorers and engines) are summed every ``--every`` seconds; each sample is assigned to the step
 being run (the lines of ``metrics.jsonl`` so far). Per step the median sample is kept. The slope
 after ``--warmup`` steps is the least-squares line's, with a 95% interval from a bootstrap over
-steps (blocks of 10, for the samples' correlation). Writes ``OUT/memory_soak.json`` and
+steps (blocks of 10, for the samples' correlation). Writes ``OUT/memory_soak.json`` (each mode
+as it ends; a mode run later into the same OUT joins the modes already there) and
 ``OUT/memory_soak.png``.
 """
 
@@ -124,8 +125,11 @@ def main() -> None:
     parser.add_argument("--out", default="runs/memory-soak")
     args, extra = parser.parse_known_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    results = [soak(mode, args, extra) for mode in args.modes]
-    (Path(args.out) / "memory_soak.json").write_text(json.dumps(results, indent=1))
+    record = Path(args.out) / "memory_soak.json"
+    for mode in args.modes:  # each mode's result kept as it ends; other modes' earlier ones too
+        earlier = json.loads(record.read_text()) if record.exists() else []
+        results = [r for r in earlier if r["mode"] != mode] + [soak(mode, args, extra)]
+        record.write_text(json.dumps(results, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
