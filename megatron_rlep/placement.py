@@ -139,8 +139,7 @@ class Bridge:
             header = [(name, tuple(t.shape), t.dtype) for name, t in bucket]
             for peer in range(1, self.size):
                 self.send(peer, ("bucket", header))
-            flat = torch.cat([t.detach().reshape(-1).view(torch.uint8) for _, t in bucket])
-            flat = flat.to(device)
+            flat = flat_bucket(bucket, device)
             options = dist.BroadcastOptions()
             options.rootRank = 0
             self.weights.broadcast([flat], options).wait()
@@ -169,6 +168,11 @@ class Bridge:
                 tensors.append((name, flat[start:start + size].view(dtype).reshape(shape)))
                 start += size
             yield tensors
+
+
+def flat_bucket(bucket, device: torch.device) -> torch.Tensor:
+    """A bucket's tensors as the one flat byte buffer a broadcast sends."""
+    return torch.cat([t.detach().reshape(-1).view(torch.uint8) for _, t in bucket]).to(device)
 
 
 def learner_bridge(cfg, learner: int):

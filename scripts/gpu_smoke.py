@@ -25,7 +25,9 @@
    weights, the smoke model's tokenizer): the distributed optimizer takes an update, saves, and
    a fresh actor that loads the checkpoint takes the next update as the run that went on (its
    weights within 5% of that update's size of them; exact on the CPU), with the checkpoint's
-   bytes against the planner's (actor/checkpoint.py disk_plan) and its write speed; then two RL
+   bytes against the planner's (actor/checkpoint.py disk_plan) and its write speed, and learner
+   0's side of a weight broadcast timed (the bucketed export, each bucket flattened into the
+   buffer that goes on the wire; the wire needs a second device); then two RL
    steps at that shape (distributed optimizer, selective recompute, chunked log-probs, packed
    sequences, 512 response tokens on a GPU) with the planner's ratio, tokens/s and MFU.
 Prints each part's result and seconds as it ends and rewrites OUT/smoke.json after each (a
@@ -278,6 +280,30 @@ def scaled_model(config: dict, tokenizer_dir: str, out: Path, dtype: str) -> str
     return str(out)
 
 
+def export_speed(actor, parameters: int) -> dict:
+    """Learner 0's side of a weight broadcast without the wire (that needs a second device):
+    the actor's bucketed export, each bucket flattened into the buffer the broadcast sends
+    (placement.flat_bucket); the faster of two passes, its bytes against the parameters'."""
+    import torch
+
+    from megatron_rlep.placement import flat_bucket
+
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    seconds = []
+    for _ in range(2):
+        sync()
+        start, size, buckets = time.perf_counter(), 0, 0
+        for bucket in actor.export_hf():
+            size += flat_bucket(bucket, device).numel()
+            buckets += 1
+        sync()
+        seconds.append(time.perf_counter() - start)
+    width = torch.empty((), dtype=actor.dtype).element_size()
+    return {"bytes": size, "parameter_bytes": parameters * width, "buckets": buckets,
+            "seconds": min(seconds), "gb_per_s": size / 1e9 / min(seconds)}
+
+
 def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     """The distributed optimizer's update, save and resume (see the module docstring)."""
     import torch
@@ -306,6 +332,7 @@ def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     before = weights(first)
     first.train_step(batch)
     after_one = weights(first)
+    export = export_speed(first, hf_parameters(model))
     start = time.perf_counter()
     first.save(out / "ckpt")
     write_s = time.perf_counter() - start
@@ -328,8 +355,8 @@ def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
     return {"optimizers": kinds, "first_update_moved": moved, "second_update": step,
             "resumed_vs_went_on": diff, "checkpoint_gib": size / 2**30,
             "planned_checkpoint_gib": planned / 2**30, "checkpoint_ratio": size / planned,
-            "write_s": write_s, "write_gb_per_s": size / 1e9 / write_s,
-            "ok": kinds == ["DistributedOptimizer"] and moved > 0 and step > 0 and diff <= limit}
+            "write_s": write_s, "write_gb_per_s": size / 1e9 / write_s, "export": export,
+            "ok": export["bytes"] == export["parameter_bytes"] and kinds == ["DistributedOptimizer"] and moved > 0 and step > 0 and diff <= limit}
 
 
 def at_scale(config: dict, tokenizer_dir: str, dtype: str, out: Path) -> dict:

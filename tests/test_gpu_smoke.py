@@ -56,6 +56,10 @@ def test_smoke_script_runs_its_checks_on_the_cpu(tmp_path):
     assert resume["first_update_moved"] > 0 and resume["second_update"] > 0
     assert resume["resumed_vs_went_on"] == 0.0
     assert 1.0 <= resume["checkpoint_ratio"] < 1.05 and resume["write_gb_per_s"] > 0
+    # learner 0's side of a weight broadcast: every parameter's bytes, flattened, timed
+    export = resume["export"]
+    assert export["bytes"] == export["parameter_bytes"] > 0 and export["buckets"] >= 1
+    assert export["gb_per_s"] > 0
     assert at_scale["ok"] and len(at_scale["sync/max_logprob_diff"]) == 2
     assert "SMOKE OK" in done.stdout
 
