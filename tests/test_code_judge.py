@@ -4,11 +4,13 @@ and the plain-data channel's codec on its own. A hack must earn nothing, in any 
 
 import json
 import math
+import time
 from collections import Counter, OrderedDict, deque
 from decimal import Decimal
 from fractions import Fraction
 
 import pytest
+from load import one_busy_cpu
 
 from megatron_rlep.reward import plain
 from megatron_rlep.reward.code import CodeChecker, census, needs_candidate_process, parse_tests
@@ -349,3 +351,20 @@ def test_operators_iterators_and_exceptions_of_the_answers_classes(checker):
                "    open(path.replace('in.txt', 'out.txt'), 'w').write(str(n))\n    return n\n")
     verdict = checker.check(answer(program), json.dumps(tests))
     assert verdict.correct and verdict.total == 5, verdict
+
+
+@pytest.mark.parametrize("fmt", ["call", "pytest"])
+def test_a_busy_cpu_changes_no_verdict(fmt):
+    """An answer that needs 0.4 s of CPU, on a CPU shared with eight spinning processes, takes
+    several times its 1 s wall clock, and the judge waits for it as long: the right answer
+    still passes (time waiting for a CPU is neither program's own), in the candidate's process
+    and through the judge."""
+    slow = ("import time\n\ndef add(a, b):\n    while time.process_time() < 0.4:\n"
+            "        pass\n    return a + b\n")
+    checker = CodeChecker(Limits(wall_s=1.0, cpu_s=4, memory_mb=512, nproc=16))
+    with one_busy_cpu(8):
+        start = time.monotonic()
+        verdict = checker.check(answer(slow), json.dumps(FORMATS[fmt]))
+        took = time.monotonic() - start
+    assert took > 3.0, f"the answer was not slowed ({took:.1f} s): no test"
+    assert verdict.correct and verdict.status == "ok", verdict

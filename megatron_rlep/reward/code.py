@@ -214,9 +214,11 @@ class CodeChecker:
                  in_process: bool = False):
         self.sandbox = Sandbox(limits, require)
         # the judge outlives the answer by 2 s: an answer that runs out its clock still gets
-        # a verdict on the tests before (its own limits otherwise: test files are data too)
-        self.judge = Sandbox(replace(limits, wall_s=limits.wall_s + 2, cpu_s=limits.cpu_s + 2),
-                             require)
+        # a verdict on the tests before (its own limits otherwise: test files are data too).
+        # The judge sleeps while the answer works, and a sleep counts on its clock: it is given
+        # the answer's longest wall clock (a busy node's) so that load changes no verdict
+        self.judge = Sandbox(replace(limits, wall_s=limits.wall_max_s + 2,
+                                     cpu_s=limits.cpu_s + 2), require)
         self.partial, self.in_process = partial, in_process
 
     def check(self, response: str, ground_truth, extra_info=None) -> Verdict:
