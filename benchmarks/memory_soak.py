@@ -7,11 +7,13 @@ Each mode runs the CPU baseline job (``experiment=cpu_baseline``) for ``--steps`
 validation or checkpoint after the start, in a process of its own: ``sync`` as the trainer
 runs by default, ``async`` disaggregated under torchrun (one learner, one rollout rank: the
 weights reach the engine by broadcast after every update, partial rollouts, N = 1). While it
-runs, the proportional set sizes of the launcher and every process under it (the ranks, their
-scorers and engines) are summed every ``--every`` seconds; each sample is assigned to the step
-being run (the lines of ``metrics.jsonl`` so far). Per step the median sample is kept. The slope
-after ``--warmup`` steps is the least-squares line's, with a 95% interval from a bootstrap over
-steps (blocks of 10, for the samples' correlation). Writes ``OUT/memory_soak.json`` (each mode
+runs, the proportional and the unique set sizes (PSS, USS) of the launcher and every process
+under it (the ranks, their scorers and engines) are summed every ``--every`` seconds; each
+sample is assigned to the step being run (the lines of ``metrics.jsonl`` so far). Per step the
+median sample is kept. The slope of each after ``--warmup`` steps is the least-squares line's,
+with a 95% interval from a bootstrap over steps (blocks of 10, for the samples' correlation).
+PSS is the run's footprint but moves when other processes mapping the same libraries start or
+end (run nothing else); USS does not. Writes ``OUT/memory_soak.json`` (each mode
 as it ends; a mode run later into the same OUT joins the modes already there) and
 ``OUT/memory_soak.png``.
 """
@@ -36,17 +38,21 @@ MODES = {
 }
 
 
-def tree_pss(pid: int) -> int:
+def tree_memory(pid: int) -> tuple[int, int]:
+    """The proportional and the unique set sizes of process ``pid`` and all under it, summed
+    (bytes). PSS is the tree's whole footprint, but it moves when processes outside share the
+    same library pages start or end; USS, the pages no other process maps, does not."""
     import psutil
 
     root = psutil.Process(pid)
-    total = 0
+    pss = uss = 0
     for p in [root, *root.children(recursive=True)]:
         try:
-            total += p.memory_full_info().pss
+            info = p.memory_full_info()
         except psutil.Error:
             continue
-    return total
+        pss, uss = pss + info.pss, uss + info.uss
+    return pss, uss
 
 
 def slope(steps: list[int], mib: list[float]) -> float:
@@ -89,7 +95,8 @@ def soak(mode: str, args, extra: list[str]) -> dict:
             while not done.wait(args.every):
                 try:
                     step = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-                    samples.append((time.monotonic(), step, tree_pss(child.pid) / 2**20))
+                    pss, uss = tree_memory(child.pid)
+                    samples.append((step, pss / 2**20, uss / 2**20))
                 except OSError:
                     continue
         thread = threading.Thread(target=sample, daemon=True)
@@ -100,20 +107,22 @@ def soak(mode: str, args, extra: list[str]) -> dict:
     if code:
         raise SystemExit(f"{mode}: the run failed (exit status {code}); see "
                          f"{Path(args.out) / f'{mode}.log'}")
-    per_step = {}
-    for _, step, mib in samples:
-        per_step.setdefault(step, []).append(mib)
-    steps = sorted(s for s in per_step if s >= args.warmup)
-    medians = [sorted(per_step[s])[len(per_step[s]) // 2] for s in steps]
-    low, high = slope_interval(steps, medians)
+    result = {"mode": mode, "command": " ".join(argv)}
+    for kind, column in (("", 1), ("uss_", 2)):  # PSS under the plain keys, then USS
+        per_step = {}
+        for sample in samples:
+            per_step.setdefault(sample[0], []).append(sample[column])
+        steps = sorted(s for s in per_step if s >= args.warmup)
+        medians = [sorted(per_step[s])[len(per_step[s]) // 2] for s in steps]
+        result.update({"steps": sorted(per_step),
+                       f"{kind}mib": [sorted(v)[len(v) // 2] for _, v in sorted(per_step.items())],
+                       f"{kind}slope_mib_per_step": slope(steps, medians),
+                       f"{kind}slope_interval": list(slope_interval(steps, medians)),
+                       f"{kind}first_after_warmup_mib": medians[0] if medians else None,
+                       f"{kind}last_mib": medians[-1] if medians else None})
     logged = [json.loads(line).get("perf/host_memory_gib") for line in
               metrics.read_text().splitlines()]
-    return {"mode": mode, "command": " ".join(argv), "steps": sorted(per_step),
-            "mib": [sorted(v)[len(v) // 2] for _, v in sorted(per_step.items())],
-            "slope_mib_per_step": slope(steps, medians), "slope_interval": [low, high],
-            "first_after_warmup_mib": medians[0] if medians else None,
-            "last_mib": medians[-1] if medians else None,
-            "learner_logged_gib": logged}
+    return {**result, "learner_logged_gib": logged}
 
 
 def main() -> None:
@@ -136,18 +145,26 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
-        ax.plot(r["steps"], r["mib"], label=f"{r['mode']}: {r['slope_mib_per_step']:+.2f} "
-                f"MiB/step [{r['slope_interval'][0]:+.2f}, {r['slope_interval'][1]:+.2f}]")
+        for kind, style in (("", "-"), ("uss_", "--")):
+            if f"{kind}mib" in r:
+                low, high = r[f"{kind}slope_interval"]
+                ax.plot(r["steps"], r[f"{kind}mib"], style, label=f"{r['mode']} "
+                        f"{kind[:-1].upper() or 'PSS'}: {r[f'{kind}slope_mib_per_step']:+.2f} "
+                        f"MiB/step [{low:+.2f}, {high:+.2f}]")
     ax.axvline(args.warmup, color="grey", lw=0.5)
     ax.set_xlabel("step")
-    ax.set_ylabel("host memory of the run's processes (PSS, MiB)")
+    ax.set_ylabel("host memory of the run's processes (MiB)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(Path(args.out) / "memory_soak.png", dpi=120)
     for r in results:
-        print(f"{r['mode']}: {r['slope_mib_per_step']:+.3f} MiB a step after step {args.warmup} "
-              f"[{r['slope_interval'][0]:+.3f}, {r['slope_interval'][1]:+.3f}], "
-              f"{r['first_after_warmup_mib']:.0f} -> {r['last_mib']:.0f} MiB")
+        for kind in ("", "uss_"):
+            if f"{kind}mib" in r:
+                low, high = r[f"{kind}slope_interval"]
+                print(f"{r['mode']} {kind[:-1].upper() or 'PSS'}: "
+                      f"{r[f'{kind}slope_mib_per_step']:+.3f} MiB a step after step "
+                      f"{args.warmup} [{low:+.3f}, {high:+.3f}], "
+                      f"{r[f'{kind}first_after_warmup_mib']:.0f} -> {r[f'{kind}last_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":
