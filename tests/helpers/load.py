@@ -7,13 +7,8 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
-
-def cpu_seconds(pid: int) -> float:
-    """The user and system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from megatron_rlep.reward.equivalence import _cpu_seconds
 
 
 @contextmanager
@@ -28,7 +23,7 @@ def one_busy_cpu(hogs: int):
              for _ in range(hogs)]
     mask = os.sched_getaffinity(0)
     try:
-        while min(cpu_seconds(p.pid) for p in procs) < 0.02:  # all of them spinning
+        while min(_cpu_seconds(p.pid) or 0.0 for p in procs) < 0.02:  # all of them spinning
             time.sleep(0.05)
         os.sched_setaffinity(0, {cpu})
         yield
