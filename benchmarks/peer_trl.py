@@ -4,8 +4,8 @@
     python benchmarks/peer_trl.py [--job short|long] [--steps 8] [--eval-at 4 8] \
         [--modes ours trl ours-transformers ours-rollout-logp ours-compiled ours-no-share
                  ours-compiled-rollout-logp trl-untuned trl-vllm] \
-        [--rounds 1] [--seed-per-round] [--onednn both|off] [--out runs/peer-trl] [--seed 1] \
-        [--eval-modes MODE ...] [--eval-questions 128] [--eval-samples 4] \
+        [--rounds 1] [--seed-per-round] [--reuse] [--onednn both|off] [--out runs/peer-trl] \
+        [--seed 1] [--eval-modes MODE ...] [--eval-questions 128] [--eval-samples 4] \
         [--model smollm2-135m] [--precision fp32] [--trl-vllm-python PYTHON]
 
 The job (``--job short``, ``experiment=cpu_demo`` without replay): the built-in model
@@ -60,7 +60,9 @@ evaluated by ``tools/evaluate.py`` on the job's 128 held-out questions (every ro
 with ``--seed-per-round``, else the first round's; ``--eval-modes``: only those modes'), and
 each mode's area under the curve is compared with TRL's by a paired bootstrap over seeds and,
 within each, questions (megatron_rlep/paired.py ``nested``). A mode that fails is recorded
-with its error's last line and the rest go on. Writes ``OUT/peer_trl.json``, ``OUT/peer_trl.md``
+with its error's last line and the rest go on. ``--reuse`` resumes an invocation that
+stopped: a round's mode whose run in OUT has the same job, seed, steps and evaluation steps is
+read, not run again (its held-out evaluations are kept too). Writes ``OUT/peer_trl.json``, ``OUT/peer_trl.md``
 and ``OUT/peer_trl.png``.
 
 Mode ``trl-vllm`` needs a vLLM that TRL 1.16 takes (0.22-0.31; this project's is 0.32, with
@@ -559,16 +561,26 @@ def record(args, argv, mode: str, round_: int, run: dict) -> None:
           f"seed {seed})", flush=True)
     log = out / f"{mode}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    python = args.trl_vllm_python if mode == "trl-vllm" and args.trl_vllm_python else \
-        sys.executable
-    code, wall, peak, memory = watched([python, __file__, *(argv or sys.argv[1:]), "--out",
-                                        str(out), "--seed", str(seed), "--run", mode], log)
-    timing = out / mode / "timing.json"
+    timing, kept = out / mode / "timing.json", out / mode / "round.json"
+    this = {"job": job(args), "seed": seed, "steps": args.steps, "onednn": args.onednn,
+            "eval_at": args.eval_at}
+    earlier = json.loads(kept.read_text()) if kept.is_file() and timing.is_file() else {}
+    if args.reuse and earlier.get("run") == this:
+        print(f"[peer] {mode}: round {round_ + 1} read from {kept}", flush=True)
+        code, wall, peak, memory = 0, earlier["wall_s"], earlier["peak_gib"], earlier["memory"]
+    else:
+        python = args.trl_vllm_python if mode == "trl-vllm" and args.trl_vllm_python else \
+            sys.executable
+        kept.unlink(missing_ok=True)
+        code, wall, peak, memory = watched([python, __file__, *(argv or sys.argv[1:]), "--out",
+                                            str(out), "--seed", str(seed), "--run", mode], log)
     if code or not timing.is_file():
         run.clear()
         run.update(error=failure(log.read_text(errors="replace"), code), log=str(log))
         print(f"[peer] {mode} failed: {run['error']}", flush=True)
         return
+    kept.write_text(json.dumps({"run": this, "wall_s": wall, "peak_gib": peak,
+                                "memory": memory}, indent=1))
     done = json.loads(timing.read_text())
     rounds = run.setdefault("rounds", [])
     rounds.append({"steps": done["steps"], "figures": figures([done["steps"]]), "peak_gib": peak,
@@ -803,6 +815,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trl-vllm-python", help="the Python of an environment with a vLLM that "
                    "TRL takes (0.22-0.31), for mode trl-vllm (the docstring says how to make one)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "peer-trl")
+    p.add_argument("--reuse", action="store_true",
+                   help="read a round's run already in --out (the same job, seed, steps and "
+                        "evaluation steps) instead of running it again; a run missing is run")
     p.add_argument("--run", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
     args = p.parse_args(argv)
     if args.modes is None:

@@ -68,6 +68,40 @@ def test_a_job_that_does_not_divide_into_updates_is_refused_in_one_sentence(tmp_
     assert not any(tmp_path.iterdir())  # refused before anything ran
 
 
+def test_reuse_reads_a_finished_round_and_runs_one_whose_settings_changed(tmp_path, monkeypatch):
+    ran = []
+
+    def run(argv, log):  # stands in for the mode's own process: writes what it would
+        out = Path(argv[len(argv) - argv[::-1].index("--out")]) / argv[-1]  # the last --out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "timing.json").write_text(json.dumps({
+            "steps": [{"step_s": 2.0, "generation_s": 1.0, "generated_tokens": 10, "answers": 2,
+                       "trained_tokens": 30}] * 2, "seed": int(argv[-3]),
+            "policies": {}, "precision": "float32", "setup": "-"}))
+        ran.append(argv)
+        return 0, 5.0, 1.5, "proportional set sizes"
+
+    monkeypatch.setattr(peer_trl, "watched", run)
+
+    def record(*extra):
+        argv = ["--modes", "ours", "--steps", "2", "--eval-at", "2", "--out", str(tmp_path),
+                *extra]
+        result = {}
+        peer_trl.record(peer_trl.parse_args(argv), argv, "ours", 1, result)
+        return result
+
+    first = record("--seed-per-round")
+    assert len(ran) == 1 and first["rounds"][0]["seed"] == 2 and first["wall_s"] == 5.0
+    assert record("--seed-per-round", "--reuse") == first and len(ran) == 1  # read, not run
+    record("--seed-per-round")  # without --reuse a round runs again
+    assert len(ran) == 2
+    record("--reuse")  # another seed for the round: run again
+    assert len(ran) == 3
+    (tmp_path / "round-1" / "ours" / "timing.json").unlink()  # a round half written
+    record("--reuse")
+    assert len(ran) == 4
+
+
 @pytest.mark.parametrize("job, precision", [("short", "fp32"), ("short", "bf16"),
                                             ("long", "fp32")])
 def test_the_two_trainers_are_configured_alike(tmp_path, job, precision):
