@@ -35,6 +35,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from megatron_rlep import host_memory
 from megatron_rlep.rollout.stream import Answer, Flight, RolloutStream
 
 SIZE, DATA = 1, 2  # message tags: a length, then its bytes
@@ -207,6 +208,7 @@ class RemoteStream(RolloutStream):
         self.stashed: list = []  # finished flights that came while a reply was awaited
         self.rollout_idle = 0.0  # seconds the rollout ranks waited (the engines' reports)
         self.waited = 0.0
+        self.reported: dict[int, dict] = {}  # each engine's memory, as it last reported it
         self.failed = ""  # a send to a rollout rank that failed, said at the next wait
 
     def dispatch(self, flights: list[Flight], version: int) -> None:
@@ -263,7 +265,7 @@ class RemoteStream(RolloutStream):
                 while self.bridge.ready(engine[0]):
                     message = self._message(engine[0])
                     landed += message[1]
-                    self.waited += message[2] / len(self.engine_ranks)
+                    self._count(engine[0], message)
             if not landed:
                 if time.monotonic() > deadline:
                     raise RolloutRankError(
@@ -288,7 +290,22 @@ class RemoteStream(RolloutStream):
             if message[0] != "landed":
                 return message[1]
             self.stashed += message[1]
-            self.waited += message[2] / len(self.engine_ranks)
+            self._count(rank, message)
+
+    def _count(self, rank: int, landed: tuple) -> None:
+        """A ``landed`` message's report: the engine's wait, and its memory where it sent it."""
+        self.waited += landed[2] / len(self.engine_ranks)
+        if landed[3]:
+            self.reported[rank] = landed[3]
+
+    def memory(self) -> dict[str, float]:
+        """The rollout ranks' memory as last reported (``host_memory.metrics`` of each
+        engine's first rank after it loaded weights), summed over the engines."""
+        out: dict[str, float] = {}
+        for report in self.reported.values():
+            for key, value in report.items():
+                out[key] = out.get(key, 0.0) + value
+        return out
 
     def request(self, message: tuple):
         """Learner 0 asks engine 0 (``validate``, ``probe``) and every learner gets the reply."""
@@ -411,6 +428,9 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                                r.max_response_length, a.max_staleness)
         version, base = 0, (cfg.seed * 100003 + 7 + index // r.tensor_parallel) * 1009
         idle = 0.0  # seconds without work or loading weights since the last report
+        # host_memory.metrics once the engine is up and after each load of weights: sent with
+        # the next finished flights
+        memory = host_memory.metrics("perf/rollout_") if report else {}
         while True:
             if not stream.pending() or bridge.ready(0):
                 start = time.monotonic()
@@ -427,6 +447,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                     version = message[1]
                     engine.load_weights(bridge.receive_buckets(r.timeout_s),
                                         keep_cache=r.partial_kv == "keep")
+                    memory = host_memory.metrics("perf/rollout_") if report else {}
                 if kind in ("work", "weights"):
                     idle += time.monotonic() - start
                 elif kind == "generate":
@@ -447,8 +468,8 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
             if landed and report:
                 bridge.send(0, ("landed", [(f.position, [(a.token_ids, a.logprobs, a.versions,
                                                           a.finished) for a in f.answers])
-                                           for f in landed], idle))
-                idle = 0.0
+                                           for f in landed], idle, memory))
+                idle, memory = 0.0, {}
     except Exception as err:  # noqa: BLE001 - told to the learner in one line
         try:
             bridge.send(0, ("error", f"{type(err).__name__}: {str(err)[:300]}"))

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import metrics, placement, platform, rundir, tasks
+from megatron_rlep import host_memory, metrics, placement, platform, rundir, tasks
 from megatron_rlep.actor import checkpoint as actor_checkpoint
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
@@ -755,6 +755,7 @@ class Trainer:
                     metrics["time/learner_idle"], self.stream.idle = self.stream.idle, 0.0
                     metrics["time/rollout_idle"], self.stream.rollout_idle = \
                         self.stream.rollout_idle, 0.0
+                    metrics.update(self.stream.memory())
                 elif self.stream is not None:  # colocated: each idles while the other works
                     metrics.update(stale)
                     metrics["time/learner_idle"] = t1 - t0
@@ -830,10 +831,10 @@ def _any_rank(flag: bool) -> bool:
 
 def _memory_metrics() -> dict:
     """This rank's memory at the step's end: the host's (its process and the children it
-    started: scorers, engines; vLLM's sleep mode parks weights there) and, on a GPU, the torch
-    allocator's peak (the actor; vLLM's sleep-mode pool is outside it) and the device's use
-    (everything, vLLM included)."""
-    out = {"perf/host_memory_gib": host_memory() / 2**30}
+    started: scorers, engines; vLLM's sleep mode parks weights there), its heap's live and
+    free bytes (``host_memory.metrics``) and, on a GPU, the torch allocator's peak (the actor;
+    vLLM's sleep-mode pool is outside it) and the device's use (everything, vLLM included)."""
+    out = host_memory.metrics()
     if not torch.cuda.is_available():
         return out
     free, total = torch.cuda.mem_get_info()
@@ -841,32 +842,6 @@ def _memory_metrics() -> dict:
                 "perf/device_memory_used_gib": (total - free) / 2**30})
     torch.cuda.reset_peak_memory_stats()
     return out
-
-
-def host_memory(pid: int | None = None) -> int:
-    """Resident bytes of process ``pid`` (this one) and its descendants, each process's
-    proportional share of pages it shares (PSS) where /proc gives it, else its RSS."""
-    pid = pid or os.getpid()
-    children, total = [pid], 0
-    while children:
-        current = children.pop()
-        try:
-            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
-            total += int(next(line.split()[1] for line in rollup.splitlines()
-                              if line.startswith("Pss:"))) * 1024
-        except (OSError, StopIteration, ValueError):
-            try:
-                total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * \
-                    os.sysconf("SC_PAGE_SIZE")
-            except OSError:
-                continue
-        for task in Path(f"/proc/{current}/task").glob("*/children") if \
-                Path(f"/proc/{current}/task").exists() else ():
-            try:
-                children += [int(c) for c in task.read_text().split()]
-            except OSError:
-                continue
-    return total
 
 
 def _sequences(groups: list[Group]) -> SequenceBatch:

@@ -181,6 +181,8 @@ def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sente
     for r in first:  # right after each broadcast the rollout rank's engine is the actor
         assert r["sync/max_logprob_diff"] < 1e-3 and r["sync/mean_logprob_diff"] < 1e-4, r
         assert r["rollout/staleness_max"] <= 1
+        # both sides' memory: the learner's own and the rollout rank's, as it reported it
+        assert r["perf/host_memory_gib"] > 0.1 and r["perf/rollout_host_memory_gib"] > 0.1, r
     # the same command with more steps resumes on both sides
     argv, environment = torchrun(model, run_dir, 3)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),

@@ -1,0 +1,76 @@
+"""A process's host memory, as the trainer logs it every step: the pages its process tree holds
+(``tree_bytes``) and how much of its own allocator's heap is in live allocations and how much
+is held free for later (``heap_bytes``). The second tells a leak (live bytes that grow) from an
+allocator keeping the high-water mark of its largest step (free bytes that grow once, then
+stay)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+
+def tree_bytes(pid: int | None = None) -> int:
+    """Resident bytes of process ``pid`` (this one) and its descendants, each process's
+    proportional share of pages it shares (PSS) where /proc gives it, else its RSS."""
+    pid = pid or os.getpid()
+    children, total = [pid], 0
+    while children:
+        current = children.pop()
+        try:
+            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
+            total += int(next(line.split()[1] for line in rollup.splitlines()
+                              if line.startswith("Pss:"))) * 1024
+        except (OSError, StopIteration, ValueError):
+            try:
+                total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * \
+                    os.sysconf("SC_PAGE_SIZE")
+            except OSError:
+                continue
+        for task in Path(f"/proc/{current}/task").glob("*/children") if \
+                Path(f"/proc/{current}/task").exists() else ():
+            try:
+                children += [int(c) for c in task.read_text().split()]
+            except OSError:
+                continue
+    return total
+
+
+class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (glibc 2.33 and later)
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_bytes() -> dict[str, int]:
+    """This process's allocator, asked directly: ``in_use``, the bytes of live allocations, and
+    ``free``, the resident bytes it holds without an allocation in them (tcmalloc: its page
+    heap, central and thread caches and fragmentation, the pages it gave back to the kernel
+    left out; glibc: its arenas' free chunks). Only this process, not its children. Empty where
+    the allocator is neither (or glibc older than 2.33)."""
+    process = ctypes.CDLL(None)
+    ask = getattr(process, "MallocExtension_GetNumericProperty", None)  # tcmalloc, preloaded
+    if ask is not None:
+        ask.restype, ask.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]
+
+        def read(name: str) -> int:
+            value = ctypes.c_size_t(0)
+            return value.value if ask(name.encode(), ctypes.byref(value)) else 0
+        in_use = read("generic.current_allocated_bytes")
+        held = read("generic.heap_size") - read("tcmalloc.pageheap_unmapped_bytes")
+        return {"in_use": in_use, "free": max(held - in_use, 0)}
+    mallinfo2 = getattr(process, "mallinfo2", None)
+    if mallinfo2 is None:
+        return {}
+    mallinfo2.restype, mallinfo2.argtypes = _MallInfo2, []
+    info = mallinfo2()
+    return {"in_use": info.uordblks + info.hblkhd, "free": info.fordblks}
+
+
+def metrics(prefix: str = "perf/") -> dict[str, float]:
+    """``{prefix}host_memory_gib`` (``tree_bytes``) and ``{prefix}heap_in_use_gib`` and
+    ``{prefix}heap_free_gib`` (``heap_bytes``), where the allocator tells."""
+    out = {f"{prefix}host_memory_gib": tree_bytes() / 2**30}
+    out.update({f"{prefix}heap_{k}_gib": v / 2**30 for k, v in heap_bytes().items()})
+    return out
