@@ -10,15 +10,15 @@ weights reach the engine by broadcast after every update, partial rollouts, N = 
 runs, the proportional and the unique set sizes (PSS, USS) of the launcher and every process
 under it (the ranks, their scorers and engines) are summed every ``--every`` seconds; each
 sample is assigned to the step being run (the lines of ``metrics.jsonl`` so far). Per step the
-median sample is kept. Beside them, what the ranks log every step (``LOGGED``): each side's
-process tree and its heap's live and free bytes (megatron_rlep/host_memory.py), with their
-slopes: live bytes that grow are a leak, free bytes that jump once and stay are the allocator
-keeping the high-water mark of its largest step. The slope of each after ``--warmup`` steps is the least-squares line's,
+median sample is kept. The slope of each after ``--warmup`` steps is the least-squares line's,
 with a 95% interval from a bootstrap over steps (blocks of 10, for the samples' correlation).
 PSS is the run's footprint but moves when other processes mapping the same libraries start or
-end (run nothing else); USS does not. Writes ``OUT/memory_soak.json`` (each mode
-as it ends; a mode run later into the same OUT joins the modes already there) and
-``OUT/memory_soak.png``.
+end (run nothing else); USS does not. Beside them, what the ranks log every step
+(``LOGGED``): each side's process tree and its heap's live and free bytes
+(megatron_rlep/host_memory.py), with their slopes: live bytes that grow are a leak, free bytes
+that jump once and stay are the allocator keeping the high-water mark of its largest step.
+Writes ``OUT/memory_soak.json`` (each mode as it ends; a mode run later into the same OUT joins
+the modes already there) and ``OUT/memory_soak.png``.
 """
 
 from __future__ import annotations
@@ -129,13 +129,13 @@ def soak(mode: str, args, extra: list[str]) -> dict:
                        f"{kind}first_after_warmup_mib": medians[0] if medians else None,
                        f"{kind}last_mib": medians[-1] if medians else None})
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    logged = {key: [row.get(key) for row in rows] for key in sorted({k for row in rows for k in row})
-              if key.startswith(LOGGED) and key.endswith("_gib")}
-    after = [(row["step"], {k: row.get(k) for k in logged}) for row in rows
-             if row["step"] >= args.warmup]
-    slopes = {key: slope([s for s, v in after if v[key] is not None],
-                         [v[key] * 1024 for s, v in after if v[key] is not None])
-              for key in logged}
+    keys = sorted({k for row in rows for k in row if k.startswith(LOGGED) and k.endswith("_gib")})
+    logged, slopes = {}, {}
+    for key in keys:
+        logged[key] = [row.get(key) for row in rows]
+        points = [(row["step"], row[key] * 1024) for row in rows
+                  if row["step"] >= args.warmup and row.get(key) is not None]
+        slopes[key] = slope(*zip(*points)) if points else None
     return {**result, "logged_gib": logged, "logged_slope_mib_per_step": slopes}
 
 
@@ -180,7 +180,8 @@ def main() -> None:
                       f"{args.warmup} [{low:+.3f}, {high:+.3f}], "
                       f"{r[f'{kind}first_after_warmup_mib']:.0f} -> {r[f'{kind}last_mib']:.0f} MiB")
         for key, value in r.get("logged_slope_mib_per_step", {}).items():
-            print(f"{r['mode']} {key}: {value:+.3f} MiB a step after step {args.warmup}")
+            if value is not None:
+                print(f"{r['mode']} {key}: {value:+.3f} MiB a step after step {args.warmup}")
 
 
 if __name__ == "__main__":
