@@ -42,6 +42,6 @@ setup(
         "test": ["pytest", "pytest-timeout", "pytest-xdist"],
         # benchmarks/peer_trl.py: the trainer users would otherwise pick, pinned (never one of
         # the trainer's own dependencies)
-        "bench": ["trl==1.16.0", "psutil"],
+        "bench": ["trl==1.16.0"],
     },
 )

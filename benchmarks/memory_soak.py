@@ -29,8 +29,9 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from megatron_rlep.host_memory import tree_sizes
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {
@@ -44,23 +45,6 @@ MODES = {
 # what the ranks log of their memory every step (megatron_rlep/host_memory.py): the learner's
 # process tree and its heap's live and free bytes, and the rollout ranks' as they report them
 LOGGED = ("perf/host_memory_gib", "perf/heap_", "perf/rollout_")
-
-
-def tree_memory(pid: int) -> tuple[int, int]:
-    """The proportional and the unique set sizes of process ``pid`` and all under it, summed
-    (bytes). PSS is the tree's whole footprint, but it moves when processes outside share the
-    same library pages start or end; USS, the pages no other process maps, does not."""
-    import psutil
-
-    root = psutil.Process(pid)
-    pss = uss = 0
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            info = p.memory_full_info()
-        except psutil.Error:
-            continue
-        pss, uss = pss + info.pss, uss + info.uss
-    return pss, uss
 
 
 def slope(steps: list[int], mib: list[float]) -> float:
@@ -103,7 +87,7 @@ def soak(mode: str, args, extra: list[str]) -> dict:
             while not done.wait(args.every):
                 try:
                     step = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-                    pss, uss = tree_memory(child.pid)
+                    pss, uss = tree_sizes(child.pid)
                     samples.append((step, pss / 2**20, uss / 2**20))
                 except OSError:
                     continue

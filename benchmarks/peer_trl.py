@@ -486,15 +486,6 @@ def cgroup_resident(group: Path) -> int:
     return int(stat["total_rss"]) + int(stat["total_shmem"])
 
 
-def tree_pss(pid: int) -> int:
-    """The sum of the proportional set sizes of ``pid`` and its descendants."""
-    import psutil
-
-    root = psutil.Process(pid)
-    return sum(p.memory_full_info().pss for p in [root, *root.children(recursive=True)]
-               if p.is_running())
-
-
 def watched(argv: list[str], log: Path) -> tuple[int, float, float, str]:
     """(exit status, wall seconds, peak memory in GiB of the process and its descendants, how it
     was read). Where a memory cgroup can be made (``memory_cgroup``) the process starts in one
@@ -503,7 +494,7 @@ def watched(argv: list[str], log: Path) -> tuple[int, float, float, str]:
     0.2 s; those reads walk each process's page tables under its memory lock and slowed the
     trainer measured by about 8% (2026-11-26). The kernel's per-process counts (peak or
     resident anonymous memory) count a forked worker's shared pages again in every worker."""
-    import psutil
+    from megatron_rlep.host_memory import tree_bytes
 
     group = memory_cgroup()
     peak, done = 0, threading.Event()
@@ -518,8 +509,8 @@ def watched(argv: list[str], log: Path) -> tuple[int, float, float, str]:
             nonlocal peak
             while not done.wait(0.05 if group else 0.2):
                 try:
-                    peak = max(peak, cgroup_resident(group) if group else tree_pss(child.pid))
-                except (psutil.Error, OSError):
+                    peak = max(peak, cgroup_resident(group) if group else tree_bytes(child.pid))
+                except OSError:
                     pass
 
         thread = threading.Thread(target=sample, daemon=True)

@@ -11,30 +11,61 @@ import os
 from pathlib import Path
 
 
-def tree_bytes(pid: int | None = None) -> int:
-    """Resident bytes of process ``pid`` (this one) and its descendants, each process's
-    proportional share of pages it shares (PSS) where /proc gives it, else its RSS."""
-    pid = pid or os.getpid()
-    children, total = [pid], 0
-    while children:
-        current = children.pop()
-        try:
-            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
-            total += int(next(line.split()[1] for line in rollup.splitlines()
-                              if line.startswith("Pss:"))) * 1024
-        except (OSError, StopIteration, ValueError):
+# whether the kernel lists each thread's children (CONFIG_PROC_CHILDREN, on in most kernels)
+CHILDREN_FILES = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started, from its threads' ``children`` files where the kernel
+    keeps them, else by each process's parent in /proc (slower: every process is read)."""
+    if CHILDREN_FILES:
+        out = []
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
             try:
-                total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * \
+                out += [int(c) for c in task.read_text().split()]
+            except OSError:
+                continue  # the thread ended
+        return out
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # the command name, in parentheses, may hold spaces: the fields after it are plain
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def tree_sizes(pid: int | None = None) -> tuple[int, int]:
+    """The proportional and the unique set sizes (PSS, USS) of process ``pid`` (this one) and
+    its descendants, summed (bytes). PSS is the tree's whole footprint, each shared page split
+    among the processes that map it, so it moves when processes outside start or end that map
+    the same library pages; USS, the pages no other process maps, does not. Where /proc has no
+    ``smaps_rollup`` both are a process's resident size."""
+    pss = uss = 0
+    todo = [pid or os.getpid()]
+    while todo:
+        current = todo.pop()
+        todo += _children(current)
+        try:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in
+                      Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()[1:]}
+            pss += fields["Pss"]
+            uss += fields["Private_Clean"] + fields["Private_Dirty"]
+        except (OSError, KeyError, ValueError, IndexError):
+            try:
+                rss = int(Path(f"/proc/{current}/statm").read_text().split()[1]) * \
                     os.sysconf("SC_PAGE_SIZE")
             except OSError:
-                continue
-        for task in Path(f"/proc/{current}/task").glob("*/children") if \
-                Path(f"/proc/{current}/task").exists() else ():
-            try:
-                children += [int(c) for c in task.read_text().split()]
-            except OSError:
-                continue
-    return total
+                continue  # the process ended
+            pss, uss = pss + rss, uss + rss
+    return pss, uss
+
+
+def tree_bytes(pid: int | None = None) -> int:
+    """The PSS of process ``pid`` (this one) and its descendants (``tree_sizes``)."""
+    return tree_sizes(pid)[0]
 
 
 class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (glibc 2.33 and later)

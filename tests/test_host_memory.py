@@ -1,4 +1,4 @@
-"""megatron_rlep/host_memory.py on real processes: a child's pages count in its parent's tree,
+"""megatron_rlep/host_memory.py on real processes: a grandchild's pages count in the trees above it,
 and the heap's live and free bytes under tcmalloc (preloaded, as the trainer runs on a CPU) and
 under glibc's allocator."""
 
@@ -24,17 +24,24 @@ print(json.dumps([before, during, heap_bytes()]))
 """
 
 
-def test_a_childs_pages_count_in_its_parents_tree():
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                              "b = bytearray(256 << 20)\nprint(1, flush=True)\ntime.sleep(60)"],
+@pytest.mark.parametrize("children_files", [True, False], ids=["children-files", "parents"])
+def test_a_grandchilds_pages_count_in_each_tree_above_it(children_files, monkeypatch):
+    if not children_files:  # each process's parent read from /proc instead
+        monkeypatch.setattr(host_memory, "CHILDREN_FILES", False)
+    grandchild = "import time; b = bytearray(256 << 20); print(1, flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                              f"subprocess.run([sys.executable, '-c', {grandchild!r}])"],
                              stdout=subprocess.PIPE, text=True)
     try:
-        alone = host_memory.tree_bytes(child.pid)  # may be read before the pages are touched
+        alone = host_memory.tree_sizes(child.pid)  # may be read before the pages are touched
         assert child.stdout.readline().strip() == "1"
-        mine, its = host_memory.tree_bytes(), host_memory.tree_bytes(child.pid)
-        assert its >= 256 << 20 > alone
-        assert mine >= its + (16 << 20)  # this interpreter, with torch imported, and the child's
+        pss, uss = host_memory.tree_sizes(child.pid)
+        assert uss >= 256 << 20 > min(alone)  # the block's pages are the grandchild's alone
+        assert pss >= uss
+        mine = host_memory.tree_bytes()
+        assert mine >= pss + (16 << 20)  # this interpreter, with torch imported, and the tree
     finally:
+        subprocess.run(["pkill", "-9", "-P", str(child.pid)])
         child.kill()
         child.wait()
 
