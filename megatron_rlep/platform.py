@@ -68,6 +68,7 @@ import contextlib
 import datetime
 import functools
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -431,6 +432,13 @@ def reset_model_parallel() -> None:
 
 
 def destroy_distributed() -> None:
+    """Every process group torn down. An in-process vLLM engine joined this process's group
+    (rollout/vllm_engine.py) and tears its own groups down at exit: vLLM goes first, so that
+    its teardown finds nothing left instead of failing with "Invalid process group specified"."""
+    vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_groups is not None and dist.is_initialized():
+        vllm_groups.destroy_model_parallel()
+        vllm_groups.destroy_distributed_environment()  # the world's group too
     reset_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -45,6 +45,7 @@ def train(assets, run_dir, *extra, nproc=1, steps=STEPS, timeout=scaled(900), po
     argv = [*launcher(nproc), "-m", "megatron_rlep.train", *args]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(argv))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "Traceback" not in result.stderr, result.stderr[-5000:]  # a clean end, vLLM's included
     return result
 
 
