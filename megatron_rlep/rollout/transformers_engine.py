@@ -103,6 +103,9 @@ class TransformersEngine:
     def clear_cache(self) -> None:
         """Nothing cached between calls."""
 
+    def close(self) -> None:
+        """Nothing to shut down: the model goes with the engine."""
+
     @torch.no_grad()
     def sequence_logprobs(self, ids) -> torch.Tensor:
         """log p(ids[t] | ids[:t]) for t >= 1 at temperature 1 (the weight-sync probe)."""

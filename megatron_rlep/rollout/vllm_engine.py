@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import threading
 from contextlib import nullcontext
 
 import torch
@@ -108,6 +109,27 @@ def completion(output, tokenizer) -> Completion:
                       output.finish_reason == "stop", logprobs)
 
 
+def vllm_llm_class():
+    """``vllm.LLM``, imported in a thread of its own. A module of vLLM keeps an import error
+    with its traceback (multimodal/media/audio.py, where torchcodec is missing), and the frames
+    of a traceback keep their callers' frames: imported under the trainer, the trainer and its
+    engine would stay in memory until the process ends (in a sweep, every job's)."""
+    found = {}
+
+    def load():
+        try:
+            from vllm import LLM
+            found["class"] = LLM
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            found["error"] = error
+    loader = threading.Thread(target=load, name="vllm-import")
+    loader.start()
+    loader.join()
+    if "error" in found:
+        raise found["error"]
+    return found["class"]
+
+
 class VllmEngine:
     collective = True  # every rank of an engine's TP group calls generate with the same prompts
 
@@ -133,7 +155,7 @@ class VllmEngine:
             if problem:
                 raise RunError(problem)
         if llm_class is None:
-            from vllm import LLM as llm_class
+            llm_class = vllm_llm_class()
         self.compiled = on_cpu and cpu_compile
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tied = bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
@@ -233,3 +255,12 @@ class VllmEngine:
     def clear_cache(self) -> None:
         """The prefix cache emptied (before a validation, where KV of older weights was kept)."""
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """The engine shut down now. vLLM's shutdown also tears down the process groups (its
+        own and torch's world); left to the engine's finalizer it runs whenever the engine is
+        freed, which in a Hydra sweep can be during the next job, whose groups it then
+        destroys. Shut down once, the finalizer does nothing."""
+        client = getattr(self.llm.llm_engine, "engine_core", None)
+        if client is not None:
+            client.shutdown()
