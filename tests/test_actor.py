@@ -268,6 +268,30 @@ def test_learning_rate_counts_rollout_steps():
     assert [lr(k, False) for k in (0, 8, 9, 10)] == pytest.approx([1e-7, 9e-7, 1e-6, 1e-6], abs=1e-15)
 
 
+def test_the_gradient_norm_without_te_or_apex_stays_on_the_device():
+    """optim.device_l2_norm in the place of Megatron-Core's fallback, whose host list of norms
+    synchronises once a tensor: the norm of all tensors together, by hand, as a device tensor."""
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.utils import local_multi_tensor_l2_norm
+
+    from megatron_rlep.actor import optim
+
+    grads = [torch.tensor([3.0, 4.0]), torch.tensor([[12.0]]), torch.tensor([2.0], dtype=torch.bfloat16)]
+    norm, per_tensor = optim.device_l2_norm(2048 * 32, None, [grads], False)
+    assert per_tensor is None and norm.dtype == torch.float32 and norm.shape == (1,)
+    assert norm.item() == pytest.approx((9 + 16 + 144 + 4) ** 0.5)  # sqrt(173)
+    before = clip_grads.l2_norm_impl
+    try:
+        clip_grads.l2_norm_impl = local_multi_tensor_l2_norm  # no TE, no Apex: Megatron's own
+        optim.keep_norm_on_device()
+        assert clip_grads.l2_norm_impl is optim.device_l2_norm
+        clip_grads.l2_norm_impl = fused = object()  # a fused kernel is left alone
+        optim.keep_norm_on_device()
+        assert clip_grads.l2_norm_impl is fused
+    finally:
+        clip_grads.l2_norm_impl = before
+
+
 
 DECAY = """
 import re

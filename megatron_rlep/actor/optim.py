@@ -8,7 +8,9 @@ as the reference does: every optimiser update of one step runs at the same learn
 (``distributed``) shards the optimiser state over data-parallel ranks; on the CPU it is built
 under ``platform.cuda_type_names``, the gradient norm comes from ``platform.grad_norm`` (Megatron's
 ``clip_grads`` asserts CUDA tensors) and the fused Adam applies the clipping factor in its own
-pass over the gradients (``platform.fused_cpu_adam``).
+pass over the gradients (``platform.fused_cpu_adam``). On a GPU without Transformer Engine or
+Apex, Megatron-Core's gradient norm falls back to a version that makes a host number of every
+tensor's norm; ``build`` puts ``device_l2_norm`` in its place (``keep_norm_on_device``).
 
 A step whose gradient norm is not finite is skipped on every platform (``step`` reports it and
 applies nothing): in bf16 without a loss scaler Megatron-Core never flags inf/NaN itself, so its
@@ -36,12 +38,34 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
         adam_beta2=0.999, adam_eps=adam_eps, clip_grad=0.0,  # clipped in ``step``
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=distributed,
     )
+    if platform.has_cuda():
+        keep_norm_on_device()
     with platform.cuda_type_names():
         # no overrides ({}): every parameter in the default group, decayed; None: Megatron's
         # standard overrides, no decay for biases and one-dimensional parameters
         optimizer = get_megatron_optimizer(config, model_chunks,
                                            config_overrides={} if decay_all else None)
     return optimizer, schedule(optimizer, lr, weight_decay, warmup_steps, total_steps)
+
+
+def device_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """The l2 norm of all of ``tensor_lists[0]`` together, as Megatron-Core's multi-tensor
+    l2 norm returns it ((a one-element fp32 tensor on their device, None)), computed without
+    leaving the device. Megatron-Core's own fallback (``local_multi_tensor_l2_norm``) builds a
+    host list of the tensors' norms: a device synchronisation for each tensor, about 200 an
+    optimizer step at Qwen2.5-1.5B's shape (``benchmarks/gpu_update.py --sync-debug``)."""
+    norms = torch._foreach_norm(tensor_lists[0], 2, dtype=torch.float32)
+    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
+
+
+def keep_norm_on_device() -> None:
+    """Megatron-Core's gradient norm through ``device_l2_norm`` where it would use its own
+    fallback (no Transformer Engine, no Apex); their fused kernels are left as they are."""
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.utils import local_multi_tensor_l2_norm
+
+    if clip_grads.l2_norm_impl is local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = device_l2_norm
 
 
 def schedule(optimizer, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
