@@ -52,7 +52,9 @@ over its median seconds. Then one more update under torch.profiler (not timed; t
 ``--profile both``: the reference's too): the top ``--top`` operators by self device time (self
 CPU time on the CPU), ``--trace`` its Chrome trace. ``--sync-debug`` (CUDA): the timed
 updates run under ``torch.cuda.set_sync_debug_mode("warn")`` and its warnings are counted by the
-source line that caused them: the host-device stalls left in the hot path. Prints the JSON and
+source line that caused them: the host-device stalls left in the hot path. After the updates,
+``export``: learner 0's side of a weight broadcast, the actor's bucketed export with each bucket
+flattened for the wire (scripts/gpu_smoke.py ``export_speed``, the faster of two passes). Prints the JSON and
 writes it to ``--json`` (also once the actor's part is done: a run stopped later keeps it).
 """
 
@@ -475,6 +477,7 @@ def save(report: dict, path: Path | None) -> str:
 
 def run_ours(path: str, batches, args, cfg, device, flops, tokens, peak, dtype: str) -> dict:
     from megatron_rlep.actor.actor import Actor
+    from megatron_rlep.actor.checkpoint import hf_parameters
 
     p = cfg.parallel
     try:
@@ -495,6 +498,7 @@ def run_ours(path: str, batches, args, cfg, device, flops, tokens, peak, dtype: 
             "local (Megatron-Core's torch layers, SDPA attention)"
         out["optimizer"] = [type(o).__name__ for o in
                             getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])]
+        out["export"] = gpu_smoke.export_speed(actor, hf_parameters(path))
     except torch.cuda.OutOfMemoryError as err:
         out = {"error": f"out of memory: {str(err).splitlines()[0]}"}
     finally:

@@ -63,6 +63,12 @@ def test_the_update_benchmark_counts_flops_tokens_and_timed_updates_on_the_cpu(t
     # the warm-up, timed and profiled updates each took two optimizer steps
     assert r["ours"]["optimizer_steps"] == 2 * (2 + 3 + 1)
     assert r["ours"]["optimizer"] == ["DistributedOptimizer"]
+    # the weights' export for a broadcast: every parameter once, in fp32 on the CPU
+    export = r["ours"]["export"]
+    # the tied embedding once, N = 73,728 linear weights, q, k, v biases and two norms a layer
+    params = 512 * 64 + 73_728 + 2 * (64 + 32 + 32 + 2 * 64) + 64  # 107,072
+    assert export["bytes"] == export["parameter_bytes"] == 4 * params
+    assert export["buckets"] >= 1 and export["seconds"] > 0
     assert "local" in r["ours"]["layer_specs"]
     assert r["reference"]["attention"] == "sdpa" and r["reference"]["dtype"] == "float32"
     assert r["peak_source"] == "--peak-tflops" and r["mfu_note"] is None
