@@ -360,7 +360,9 @@ def check(s8: Setup) -> list[dict]:
 PAPER_STEP_S, PAPER_REPLAY_S = 160.0, 5.0  # the RLEP paper: a DAPO-nodyn-bs64 step about 160 s;
 # RLEP's 2 replays a group add under 5 s: the update of 16 fresh answers a group takes <= 8 x 5 s
 SPLITS = tuple(range(4, 61, 4))  # rollout GPUs of 64
-SMOKE_MFU = 0.031  # this project's update at Qwen2.5-1.5B's shape, one H200 (docs/gpu_smoke_h200.json)
+# this project's update at Qwen2.5-Math-7B's width (19 of its 28 layers), one H200, local specs
+# (docs/gpu_update_h200_qwen2.5-math-7b-slice.json)
+MEASURED_MFU = 0.501
 
 
 def paper_setup(mean_len: float, train_s: float | None = 40.0, switch_s: float = 5.0,
@@ -419,8 +421,8 @@ def paper_scenarios(mean_len: float, t0_verl: float) -> dict:
             sweep(paper_setup(mean_len, train_s=None, t0=t0_verl)),
         "switch 45 s (verl's Megatron colocated, measured), update 40 s, t0 fitted":
             sweep(paper_setup(mean_len, switch_s=45.0)),
-        "this project's update as measured (MFU 3.1%), t0 of the central reading":
-            sweep(paper_setup(mean_len, mfu=SMOKE_MFU, t0=paper_setup(mean_len).t0)),
+        "this project's update as measured (MFU 50.1%), t0 of the central reading":
+            sweep(paper_setup(mean_len, mfu=MEASURED_MFU, t0=paper_setup(mean_len).t0)),
     }
 
 
@@ -444,9 +446,10 @@ PARAMETERS = [  # (name, value, source); the fitted ones are filled in by main()
     ("paper: GPU, rollout tp, vLLM memory", "H800 (assumed), 1, 0.8 (0.9 rollout-only)",
      "the paper names no GPU; RLEP's recipe/rlep/dapo_nodyn_bs_64.sh"),
     ("paper: colocated switch (reshard, wake, sleep)", "5 s", "assumed; verl measured 45 s (Megatron, H20)"),
-    ("this project's update", f"MFU {SMOKE_MFU:.1%}", ("docs/gpu_smoke_h200.json: 3,322 tokens/s, one H200, "
-                                                        "Qwen2.5-1.5B's shape, local specs (6P a token; here 8P: "
-                                                        "the update and old log-probs)")),
+    ("this project's update", f"MFU {MEASURED_MFU:.1%}",
+     ("benchmarks/gpu_update.py on one H200: Qwen2.5-Math-7B's width with 19 of its 28 layers, "
+      "local specs, 131,072 tokens an update, attention FLOPs counted (its update takes 7P a token, "
+      "the old log-probs of one mini-batch of two; charged 8P here, so the update is 14% slow)")),
     ("paper: t0 and the update's tokens/s", "per reading of the 160 s (paper table: t0, MFU)",
      "fitted: the synchronous step = 160 s; the update from the replays' cost or the rest of the step"),
 ]
