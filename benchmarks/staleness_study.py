@@ -36,13 +36,15 @@ RUNS = ("baseline", "rlep")
 
 
 def validation_times(run_dir: Path) -> dict[int, tuple[float, float]]:
-    """{step: (val/acc, seconds since its first step began)} of one run's metrics."""
+    """{step: (val/acc, seconds since its first step began)} of one run's metrics; the
+    validation before the first step (step 0's row, no step time) counts as at 0 seconds."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if line.strip()]
-    if not rows:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'} is empty: the run has not trained a step")
-    start = rows[0]["time"] - rows[0]["time/step_s"]
-    return {r["step"]: (r["val/acc"], r["time"] - start) for r in rows
+    steps = [r for r in rows if "time/step_s" in r]
+    if not steps:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} has no step: the run has not trained one")
+    start = steps[0]["time"] - steps[0]["time/step_s"]
+    return {r["step"]: (r["val/acc"], max(0.0, r["time"] - start)) for r in rows
             if r.get("val/acc") is not None}
 
 

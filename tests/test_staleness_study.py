@@ -16,11 +16,13 @@ QUESTIONS = ["q1", "q2", "q3", "q4"]
 
 
 def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[int]) -> None:
-    """A demo run: ``points`` {step: (seconds since start, [correct per question])}, step 1 of
-    10 s first; its final evaluation's correct per question in ``eval-RUN``."""
+    """A demo run: ``points`` {step: (seconds since start, [correct per question])}, after
+    step 0's validation and step 1 of 10 s; its final evaluation's correct per question in ``eval-RUN``."""
     run_dir = seed_dir / run
     (run_dir / "validation").mkdir(parents=True)
-    rows = [{"step": 1, "time": start + 10.0, "time/step_s": 10.0}]
+    # the demo's first row: the validation before step 1, with no step time
+    rows = [{"step": 0, "time": start - 5.0, "val/acc": 0.0},
+            {"step": 1, "time": start + 10.0, "time/step_s": 10.0}]
     for step, (seconds, correct) in sorted(points.items()):
         rows.append({"step": step, "time": start + seconds, "time/step_s": 10.0,
                      "val/acc": sum(correct) / len(correct)})
