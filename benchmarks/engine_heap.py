@@ -52,8 +52,8 @@ def main() -> None:
         answers = [[] for _ in range(4 * each)]
         for _ in range(2):
             asked = [prompts[i // each] + tuple(a) for i, a in enumerate(answers)]
-            out = engine.generate(asked, 1, seed=[request_seed(calls, i) for i in range(len(asked))],
-                                  max_tokens=16)
+            seeds = [request_seed(calls, i) for i in range(len(asked))]
+            out = engine.generate(asked, 1, seed=seeds, max_tokens=16)
             calls += 1
             for answer, completions in zip(answers, out):
                 answer += list(completions[0].token_ids)

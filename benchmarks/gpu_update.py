@@ -54,8 +54,9 @@ CPU time on the CPU), ``--trace`` its Chrome trace. ``--sync-debug`` (CUDA): the
 updates run under ``torch.cuda.set_sync_debug_mode("warn")`` and its warnings are counted by the
 source line that caused them: the host-device stalls left in the hot path. After the updates,
 ``export``: learner 0's side of a weight broadcast, the actor's bucketed export with each bucket
-flattened for the wire (scripts/gpu_smoke.py ``export_speed``, the faster of two passes). Prints the JSON and
-writes it to ``--json`` (also once the actor's part is done: a run stopped later keeps it).
+flattened for the wire (scripts/gpu_smoke.py ``export_speed``, the faster of two passes).
+Prints the JSON and writes it to ``--json`` (also once the actor's part is done: a run stopped
+later keeps it).
 """
 
 from __future__ import annotations

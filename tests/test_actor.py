@@ -276,7 +276,8 @@ def test_the_gradient_norm_without_te_or_apex_stays_on_the_device():
 
     from megatron_rlep.actor import optim
 
-    grads = [torch.tensor([3.0, 4.0]), torch.tensor([[12.0]]), torch.tensor([2.0], dtype=torch.bfloat16)]
+    grads = [torch.tensor([3.0, 4.0]), torch.tensor([[12.0]]),
+             torch.tensor([2.0], dtype=torch.bfloat16)]
     norm, per_tensor = optim.device_l2_norm(2048 * 32, None, [grads], False)
     assert per_tensor is None and norm.dtype == torch.float32 and norm.shape == (1,)
     assert norm.item() == pytest.approx((9 + 16 + 144 + 4) ** 0.5)  # sqrt(173)

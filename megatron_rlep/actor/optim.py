@@ -50,7 +50,7 @@ def build(model_chunks, lr: float, weight_decay: float, grad_clip: float, warmup
 
 def device_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
     """The l2 norm of all of ``tensor_lists[0]`` together, as Megatron-Core's multi-tensor
-    l2 norm returns it ((a one-element fp32 tensor on their device, None)), computed without
+    l2 norm returns it (a one-element fp32 tensor on their device, and None), computed without
     leaving the device. Megatron-Core's own fallback (``local_multi_tensor_l2_norm``) builds a
     host list of the tensors' norms: a device synchronisation for each tensor, about 200 an
     optimizer step at Qwen2.5-1.5B's shape (``benchmarks/gpu_update.py --sync-debug``)."""
