@@ -1,15 +1,21 @@
-"""The trainer's RL step under tcmalloc against glibc's allocator, on the TRL benchmark's job.
+"""The trainer's RL step under tcmalloc, its free pages kept or capped, and glibc's allocator.
 
-    python benchmarks/allocator.py [--rounds 2] [--steps 6] [--json FILE]
+    python benchmarks/allocator.py [--rounds 2] [--steps 6] [--variants ...] [--json FILE]
 
 On a CPU host the trainer preloads gperftools' tcmalloc where it is installed
 (``cli.with_cpu_runtime``; MEGATRON_RLEP_MALLOC=glibc keeps glibc's allocator). This runs the job of
 ``benchmarks/peer_trl.py`` (the demo's baseline: 4 prompts x 6 answers of up to 32 tokens, 2
-updates a step, fp32, vLLM rollouts, a checkpoint at half way) with each allocator in turn,
-``--rounds`` times, alternating so drift of the machine hits both alike. Figures per allocator:
+updates a step, fp32, vLLM rollouts, a checkpoint at half way) with each variant in turn,
+``--rounds`` times, alternating so drift of the machine hits all alike. Figures per variant:
 the median over its runs of each run's median step (steps after the first), the same for the
-rollout, update and weight-sync parts, and the process's system (kernel) CPU seconds; then the
-ratio glibc / tcmalloc of the step. Both runs keep Intel's OpenMP, as the trainer does.
+rollout, update and weight-sync parts, the process's system (kernel) CPU seconds and the MiB a
+step ``host_memory.FreePageCap`` handed back; then the ratio of each variant's step to
+the first's. Every run keeps Intel's OpenMP, as the trainer does. The variants:
+
+- ``tcmalloc``: every free page kept (MEGATRON_RLEP_HEAP_CAP=0);
+- ``tcmalloc-cap1``: free pages beyond the first step's handed back after every later step
+  (MEGATRON_RLEP_HEAP_CAP=1, the cap at its tightest; the trainer's default takes 10 steps);
+- ``glibc``: glibc's allocator (MEGATRON_RLEP_MALLOC=glibc).
 """
 
 from __future__ import annotations
@@ -30,18 +36,26 @@ from peer_trl import ROOT, ours_overrides  # noqa: E402
 
 PARTS = {"step_s": "time/step_s", "rollout_s": "time/rollout_s", "update_s": "time/update_s",
          "sync_s": "time/sync_s"}
+VARIANTS = {"tcmalloc": {"MEGATRON_RLEP_MALLOC": "tcmalloc", "MEGATRON_RLEP_HEAP_CAP": "0"},
+            "tcmalloc-cap1": {"MEGATRON_RLEP_MALLOC": "tcmalloc", "MEGATRON_RLEP_HEAP_CAP": "1"},
+            "glibc": {"MEGATRON_RLEP_MALLOC": "glibc"}}
 
 
-def one_run(args, allocator: str, out: Path) -> dict:
-    env = {**os.environ, "MEGATRON_RLEP_MALLOC": allocator}
-    env.pop("LD_PRELOAD", None)
-    job = argparse.Namespace(model=args.model, seed=args.seed, steps=args.steps, group=6, prompts=4,
-                             per_update=2, max_tokens=32, precision="fp32",
+def trainer_overrides(args, out: Path) -> list[str]:
+    """The TRL benchmark's job (``peer_trl.ours_overrides``, its short job) for ``args``."""
+    job = argparse.Namespace(job="short", model=args.model, seed=args.seed, steps=args.steps,
+                             group=6, prompts=4, per_update=2, max_tokens=32, precision="fp32",
                              eval_at=[max(1, args.steps // 2)])
+    return ours_overrides(job, out, "ours")
+
+
+def one_run(args, variant: str, out: Path) -> dict:
+    env = {**os.environ, **VARIANTS[variant]}
+    env.pop("LD_PRELOAD", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(out.with_suffix(".log"), "w") as log:
         subprocess.run([sys.executable, "-m", "megatron_rlep.train",
-                        *ours_overrides(job, out, "vllm")], cwd=ROOT, env=env, check=True,
+                        *trainer_overrides(args, out)], cwd=ROOT, env=env, check=True,
                        stdout=log, stderr=subprocess.STDOUT)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -49,6 +63,8 @@ def one_run(args, allocator: str, out: Path) -> dict:
     for heavy in ("checkpoints", "hf"):  # about 2 GB a run; the figures are in metrics.jsonl
         shutil.rmtree(out / heavy, ignore_errors=True)
     return {**{k: statistics.median(r[m] for r in rows) for k, m in PARTS.items()},
+            "released_mib": statistics.fmean(r.get("perf/heap_released_gib", 0) * 1024
+                                             for r in rows),
             "system_cpu_s": after.ru_stime - before.ru_stime,
             "user_cpu_s": after.ru_utime - before.ru_utime}
 
@@ -60,6 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--model", default="smollm2-135m", help="as benchmarks/peer_trl.py takes it")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "allocator")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["tcmalloc", "glibc"],
+                   help="the first is the one the others are compared with")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
     from megatron_rlep.cli import cpu_runtime_libraries
@@ -67,20 +85,22 @@ def main(argv=None) -> int:
     if not any("libtcmalloc" in lib for lib in cpu_runtime_libraries()):
         p.error("tcmalloc is not installed here: apt-get install libtcmalloc-minimal4 "
                 "(scripts/env.sh does where it runs as root)")
-    runs: dict[str, list] = {"tcmalloc": [], "glibc": []}
+    runs: dict[str, list] = {v: [] for v in args.variants}
     for round_ in range(args.rounds):
-        for allocator in runs:
-            out = (args.out / f"{allocator}-{round_}").resolve()
+        for variant in runs:
+            out = (args.out / f"{variant}-{round_}").resolve()
             shutil.rmtree(out, ignore_errors=True)
             out.parent.mkdir(parents=True, exist_ok=True)
-            runs[allocator].append(one_run(args, allocator, out))
-            print(f"round {round_ + 1}/{args.rounds} {allocator:8s} " + " ".join(
-                f"{k} {v:.2f}" for k, v in runs[allocator][-1].items()), flush=True)
-    figures = {a: {k: statistics.median(r[k] for r in rs) for k in (*PARTS, "system_cpu_s")}
-               for a, rs in runs.items()}
+            runs[variant].append(one_run(args, variant, out))
+            print(f"round {round_ + 1}/{args.rounds} {variant:13s} " + " ".join(
+                f"{k} {v:.2f}" for k, v in runs[variant][-1].items()), flush=True)
+    figures = {a: {k: statistics.median(r[k] for r in rs)
+                   for k in (*PARTS, "released_mib", "system_cpu_s")} for a, rs in runs.items()}
+    first = args.variants[0]
     result = {"date": time.strftime("%Y-%m-%d"), "rounds": args.rounds, "steps": args.steps,
               "runs": runs, "figures": figures,
-              "glibc_over_tcmalloc": figures["glibc"]["step_s"] / figures["tcmalloc"]["step_s"]}
+              **{f"{v}_over_{first}": figures[v]["step_s"] / figures[first]["step_s"]
+                 for v in args.variants[1:]}}
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -2,7 +2,7 @@
 (``tree_bytes``) and how much of its own allocator's heap is in live allocations and how much
 is held free for later (``heap_bytes``). The second tells a leak (live bytes that grow) from an
 allocator keeping the high-water mark of its largest step (free bytes that grow once, then
-stay)."""
+stay). ``FreePageCap`` keeps the second from growing past what the first steps needed."""
 
 from __future__ import annotations
 
@@ -97,6 +97,43 @@ def heap_bytes() -> dict[str, int]:
     mallinfo2.restype, mallinfo2.argtypes = _MallInfo2, []
     info = mallinfo2()
     return {"in_use": info.uordblks + info.hblkhd, "free": info.fordblks}
+
+
+class FreePageCap:
+    """Called once a step: hands back to the kernel the pages tcmalloc holds free beyond the
+    most it held in the first ``warmup`` calls.
+
+    tcmalloc keeps the pages a step frees for the next step (which is why the trainer preloads
+    it), and now and then takes about 100 MiB more from the kernel for a large request that no
+    free span fits, and keeps that too: over hundreds of steps a process grew by 300 MiB of
+    such free pages (docs/scaling.md, "Host memory over 300 steps"). The cap gives back what
+    lies above the warm-up's high-water mark after each step (``MallocExtension_ReleaseToSystem``)
+    and reports it (``{prefix}heap_released_gib``). ``warmup`` is MEGATRON_RLEP_HEAP_CAP (10
+    unless set; 0 turns the cap off). Does nothing where tcmalloc is not the allocator."""
+
+    def __init__(self, prefix: str = "perf/"):
+        setting = os.environ.get("MEGATRON_RLEP_HEAP_CAP", "10")
+        if not setting.isdigit():
+            raise ValueError(f"MEGATRON_RLEP_HEAP_CAP={setting!r} is not a number of steps: set "
+                             "it to the steps whose free pages set the cap (10 unless set) or 0 "
+                             "to keep every free page")
+        self.warmup, self.calls, self.cap, self.prefix = int(setting), 0, 0, prefix
+        self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseToSystem", None)
+        if self.release is not None:
+            self.release.restype, self.release.argtypes = None, [ctypes.c_size_t]
+
+    def __call__(self) -> dict[str, float]:
+        if self.release is None or not self.warmup:
+            return {}
+        self.calls += 1
+        free = heap_bytes()["free"]
+        if self.calls <= self.warmup:
+            self.cap = max(self.cap, free)
+            return {f"{self.prefix}heap_released_gib": 0.0}
+        excess = max(free - self.cap, 0)
+        if excess:
+            self.release(excess)
+        return {f"{self.prefix}heap_released_gib": excess / 2**30}
 
 
 def metrics(prefix: str = "perf/") -> dict[str, float]:

@@ -428,8 +428,9 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                                r.max_response_length, a.max_staleness)
         version, base = 0, (cfg.seed * 100003 + 7 + index // r.tensor_parallel) * 1009
         idle = 0.0  # seconds without work or loading weights since the last report
-        # host_memory.metrics once the engine is up and after each load of weights: sent with
-        # the next finished flights
+        # host_memory.metrics once the engine is up and after each load of weights (tcmalloc's
+        # free pages capped then): sent with the next finished flights
+        free_page_cap = host_memory.FreePageCap("perf/rollout_")
         memory = host_memory.metrics("perf/rollout_") if report else {}
         while True:
             if not stream.pending() or bridge.ready(0):
@@ -448,7 +449,9 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                     version = message[1]
                     engine.load_weights(bridge.receive_buckets(r.timeout_s),
                                         keep_cache=r.partial_kv == "keep")
-                    memory = host_memory.metrics("perf/rollout_") if report else {}
+                    released = free_page_cap()
+                    memory = {**released, **host_memory.metrics("perf/rollout_")} \
+                        if report else {}
                 if kind in ("work", "weights"):
                     idle += time.monotonic() - start
                 elif kind == "generate":

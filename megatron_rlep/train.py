@@ -721,6 +721,7 @@ class Trainer:
             rundir.say_disk(self.run_dir, self.disk, cfg.logging.keep_checkpoints)
         monitor = self.monitor
         monitor.start(a.total_steps, self.step)
+        free_page_cap = host_memory.FreePageCap()
         if self.pool is not None:
             monitor.artifact(a.pool, "experience-pool", "pool", reference=True)
         every = cfg.logging.eval_every
@@ -766,6 +767,7 @@ class Trainer:
                 if self.pool is not None:
                     metrics.update(self.replay_metrics(groups, step))
                 metrics["time/step_s"] = time.perf_counter() - t0
+                metrics.update(free_page_cap())
                 metrics.update(_memory_metrics())
                 if cfg.logging.dump_batches:  # every rank's own: they must agree
                     rank = f"rank-{dist.get_rank()}/" if not is_rank0() else ""

@@ -74,3 +74,45 @@ def test_metrics_name_each_figure_under_the_prefix():
     assert set(got) <= {"perf/rollout_host_memory_gib", "perf/rollout_heap_in_use_gib",
                         "perf/rollout_heap_free_gib"}
     assert got["perf/rollout_host_memory_gib"] > 0.01
+
+
+# four steps, each freeing a block of the given MiB; the cap is set by the first two
+CAP = """
+import json
+from megatron_rlep.host_memory import FreePageCap, heap_bytes
+cap, seen = FreePageCap(), []
+for mib in (64, 64, 320, 64):
+    block = bytearray(mib << 20)
+    del block
+    seen.append([cap().get("perf/heap_released_gib"), heap_bytes().get("free", 0) / 2**20])
+print(json.dumps(seen))
+"""
+
+
+def capped(env: dict) -> list:
+    done = subprocess.run([sys.executable, "-c", CAP], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **env},
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_free_pages_above_the_warm_ups_most_go_back_to_the_kernel():
+    tcmalloc = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
+    if not tcmalloc:
+        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
+    warm, _, large, after = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "2"})
+    assert warm[0] == 0.0  # the warm-up only notes what it holds
+    assert large[0] * 1024 >= 200  # the larger block's extra pages handed back ...
+    assert large[1] <= warm[1] + 16  # ... down to the warm-up's free pages
+    assert after == [0.0, pytest.approx(after[1])] and after[1] <= warm[1] + 16
+    kept = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "0"})
+    assert [k[0] for k in kept] == [None] * 4 and kept[2][1] >= 300  # off: all kept
+
+
+def test_the_cap_leaves_other_allocators_alone_and_names_a_bad_setting():
+    assert [s[0] for s in capped({})] == [None] * 4  # nothing preloaded: glibc's allocator
+    done = subprocess.run([sys.executable, "-c", CAP], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "MEGATRON_RLEP_HEAP_CAP": "ten"},
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert "MEGATRON_RLEP_HEAP_CAP='ten' is not a number of steps" in done.stderr
