@@ -40,8 +40,16 @@ def helpers_die_with_me() -> None:
     os.register_at_fork(after_in_child=die_with_parent)
 
 
+ONEDNN_CACHE = "64"  # kernels oneDNN keeps on a CPU host (with_cpu_runtime)
 PRELOADED = "MEGATRON_RLEP_PRELOADED"  # set in the process run again: LD_PRELOAD as it was
 TCMALLOC_DIRS = ("lib", "/usr/lib/*-linux-gnu", "/lib/*-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+def cpu_host() -> bool:
+    """A Linux host without NVIDIA GPUs: where ``with_cpu_runtime`` acts."""
+    import glob
+
+    return sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*")
 
 
 def cpu_runtime_libraries() -> list[str]:
@@ -51,7 +59,7 @@ def cpu_runtime_libraries() -> list[str]:
     import glob
     import os
 
-    if not sys.platform.startswith("linux") or glob.glob("/dev/nvidia[0-9]*"):
+    if not cpu_host():
         return []
     preloaded = os.environ.get("LD_PRELOAD", "")
     found = []
@@ -85,10 +93,17 @@ def with_cpu_runtime() -> None:
       the next parallel operation before they sleep (``KMP_BLOCKTIME=1`` unless set; its default,
       200 ms, keeps a core busy that the process's other threads and processes need).
 
+    Beside them, oneDNN keeps at most ``ONEDNN_CACHE`` compiled kernels (unless
+    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set): its default, 1,024, fills over hundreds of steps
+    with the rollout's new batch shapes and grew a rollout rank's heap by 0.3-1.8 MiB a step
+    (benchmarks/engine_heap.py, docs/scaling.md).
+
     LD_PRELOAD is restored once the process runs again, so the processes it starts (scorers,
     sandboxed programs) inherit neither."""
     import os
 
+    if cpu_host():
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE)
     if PRELOADED in os.environ:  # the run again: this process has the libraries loaded
         before = os.environ.pop(PRELOADED)
         if before:

