@@ -76,10 +76,12 @@ class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (glibc 2.33 and 
 
 def heap_bytes() -> dict[str, int]:
     """This process's allocator, asked directly: ``in_use``, the bytes of live allocations, and
-    ``free``, the resident bytes it holds without an allocation in them (tcmalloc: its page
-    heap, central and thread caches and fragmentation, the pages it gave back to the kernel
-    left out; glibc: its arenas' free chunks). Only this process, not its children. Empty where
-    the allocator is neither (or glibc older than 2.33)."""
+    ``free``, the bytes it holds without an allocation in them (tcmalloc: its page heap, central
+    and thread caches and fragmentation, the pages it gave back to the kernel left out; glibc:
+    its arenas' free chunks). Only this process, not its children. Empty where the allocator is
+    neither (or glibc older than 2.33). Neither figure is resident memory: pages taken from the
+    kernel and never written count in both but are not resident until written (a freed
+    ``torch.empty`` that was never filled adds its size to ``free`` and nothing to the RSS)."""
     process = ctypes.CDLL(None)
     ask = getattr(process, "MallocExtension_GetNumericProperty", None)  # tcmalloc, preloaded
     if ask is not None:
