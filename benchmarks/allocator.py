@@ -13,8 +13,9 @@ step ``host_memory.FreePageCap`` handed back; then the ratio of each variant's s
 the first's. Every run keeps Intel's OpenMP, as the trainer does. The variants:
 
 - ``tcmalloc``: every free page kept (MEGATRON_RLEP_HEAP_CAP=0);
-- ``tcmalloc-cap1``: free pages beyond the first step's handed back after every later step
-  (MEGATRON_RLEP_HEAP_CAP=1, the cap at its tightest; the trainer's default takes 10 steps);
+- ``tcmalloc-cap1``: every free page handed back after a later step whose resident pages beyond
+  the live ones pass the first step's by 64 MiB (MEGATRON_RLEP_HEAP_CAP=1, the cap at its
+  tightest; the trainer's default takes 10 steps);
 - ``glibc``: glibc's allocator (MEGATRON_RLEP_MALLOC=glibc).
 """
 

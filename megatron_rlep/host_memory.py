@@ -2,7 +2,8 @@
 (``tree_bytes``) and how much of its own allocator's heap is in live allocations and how much
 is held free for later (``heap_bytes``). The second tells a leak (live bytes that grow) from an
 allocator keeping the high-water mark of its largest step (free bytes that grow once, then
-stay). ``FreePageCap`` keeps the second from growing past what the first steps needed."""
+stay). ``FreePageCap`` keeps the resident pages beyond the live ones from growing past what the
+first steps needed."""
 
 from __future__ import annotations
 
@@ -101,41 +102,65 @@ def heap_bytes() -> dict[str, int]:
     return {"in_use": info.uordblks + info.hblkhd, "free": info.fordblks}
 
 
+def resident_anonymous() -> int | None:
+    """This process's resident anonymous pages (bytes): ``RssAnon`` in /proc/self/status, or None
+    where the kernel does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class FreePageCap:
-    """Called once a step: hands back to the kernel the pages tcmalloc holds free beyond the
-    most it held in the first ``warmup`` calls.
+    """Called once a step: when the process's resident pages beyond its live allocations
+    (``RssAnon`` less tcmalloc's live bytes) are more than ``SLACK`` above the most they were in
+    the first ``warmup`` calls, hands every page tcmalloc holds free back to the kernel
+    (``MallocExtension_ReleaseFreeMemory``), and reports what went (``{prefix}heap_released_gib``).
 
     tcmalloc keeps the pages a step frees for the next step (which is why the trainer preloads
-    it), and now and then takes about 100 MiB more from the kernel for a large request that no
-    free span fits, and keeps that too: over hundreds of steps a process grew by 300 MiB of
-    such free pages (docs/scaling.md, "Host memory over 300 steps"). The cap gives back what
-    lies above the warm-up's high-water mark after each step (``MallocExtension_ReleaseToSystem``)
-    and reports it (``{prefix}heap_released_gib``). ``warmup`` is MEGATRON_RLEP_HEAP_CAP (10
-    unless set; 0 turns the cap off). Does nothing where tcmalloc is not the allocator."""
+    it), and counts a page as held whether or not it was ever written; the kernel makes it
+    resident only when written. So a step that writes, for the first time, pages held since the
+    warm-up grows the process by 100-190 MiB while tcmalloc's own figures stay put (docs/scaling.md,
+    "Host memory over 300 steps"): the cap watches the resident pages instead. What stays
+    resident after a release is not tcmalloc's to give back (Python's own arenas, thread stacks)
+    and raises the cap, so it is released once, not every step. ``warmup`` is
+    MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the cap off). Does nothing where tcmalloc is not
+    the allocator or /proc does not give ``RssAnon``."""
+
+    SLACK = 64 << 20  # growth let be: a release costs the next step its page faults
 
     def __init__(self, prefix: str = "perf/"):
         setting = os.environ.get("MEGATRON_RLEP_HEAP_CAP", "10")
         if not setting.isdigit():
             raise ValueError(f"MEGATRON_RLEP_HEAP_CAP={setting!r} is not a number of steps: set "
-                             "it to the steps whose free pages set the cap (10 unless set) or 0 "
+                             "it to the steps whose resident pages set the cap (10 unless set) or 0 "
                              "to keep every free page")
         self.warmup, self.calls, self.cap, self.prefix = int(setting), 0, 0, prefix
-        self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseToSystem", None)
+        self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
         if self.release is not None:
-            self.release.restype, self.release.argtypes = None, [ctypes.c_size_t]
+            self.release.restype, self.release.argtypes = None, []
+        if resident_anonymous() is None:
+            self.release = None
+
+    def _beyond_live(self) -> int:
+        return resident_anonymous() - heap_bytes()["in_use"]
 
     def __call__(self) -> dict[str, float]:
         if self.release is None or not self.warmup:
             return {}
         self.calls += 1
-        free = heap_bytes()["free"]
+        beyond = self._beyond_live()
         if self.calls <= self.warmup:
-            self.cap = max(self.cap, free)
+            self.cap = max(self.cap, beyond)
+        if self.calls <= self.warmup or beyond <= self.cap + self.SLACK:
             return {f"{self.prefix}heap_released_gib": 0.0}
-        excess = max(free - self.cap, 0)
-        if excess:
-            self.release(excess)
-        return {f"{self.prefix}heap_released_gib": excess / 2**30}
+        self.release()
+        after = self._beyond_live()
+        self.cap = max(self.cap, after)
+        return {f"{self.prefix}heap_released_gib": max(beyond - after, 0) / 2**30}
 
 
 def metrics(prefix: str = "perf/") -> dict[str, float]:
