@@ -136,8 +136,8 @@ class FreePageCap:
         setting = os.environ.get("MEGATRON_RLEP_HEAP_CAP", "10")
         if not setting.isdigit():
             raise ValueError(f"MEGATRON_RLEP_HEAP_CAP={setting!r} is not a number of steps: set "
-                             "it to the steps whose resident pages set the cap (10 unless set) or 0 "
-                             "to keep every free page")
+                             "it to the steps whose resident pages set the cap (10 unless set) "
+                             "or 0 to keep every free page")
         self.warmup, self.calls, self.cap, self.prefix = int(setting), 0, 0, prefix
         self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
         if self.release is not None:
