@@ -294,7 +294,7 @@ def trl_prompts(args) -> list:
     """The trainer's training examples in the order its seeded stream hands them out."""
     from megatron_rlep.data import load_examples
     from megatron_rlep.tasks import loader_kwargs
-    from megatron_rlep.train import PromptStream
+    from megatron_rlep.producer import PromptStream
 
     j = job(args)
     train, _ = job_data(args)

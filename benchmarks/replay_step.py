@@ -35,11 +35,11 @@ def synthetic_pool(examples, path: Path) -> Path:
 
 def timed_step(trainer, step: int) -> dict:
     t0 = time.perf_counter()
-    groups, _ = trainer.gather_groups(step)
+    groups, _ = trainer.producer.groups(step)
     t1 = time.perf_counter()
-    updates = trainer.update(groups)
+    updates, _ = trainer.update(groups)
     t2 = time.perf_counter()
-    trainer.sync_weights()
+    trainer.sync_weights(step + 1)
     t3 = time.perf_counter()
     return {"rollout_s": t1 - t0, "update_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0,
             "update_tokens": sum(u["tokens"] for u in updates),

@@ -417,6 +417,21 @@ def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed:
     torch.manual_seed(seed)
 
 
+def is_rank0() -> bool:
+    """Rank 0 of the job; before the process group starts, as torchrun or srun numbered it."""
+    if dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (every rank calls it)."""
+    value = torch.tensor([float(flag)], device=device())
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def reset_model_parallel() -> None:
     """Megatron-Core's parallel state torn down with its process groups, the world's kept, so
     the next ``init_distributed`` may set up other sizes. Megatron-Core only forgets its groups:

@@ -7,6 +7,11 @@ only for the fresh slots) -> M replays each from the experience pool -> rewards 
 over each G' = G + M group -> updates in mini-batches of ``prompts_per_update`` prompts ->
 weight sync into the engine -> validation now and then -> checkpoint now and then.
 
+Three parts, each readable alone: the producer of scored groups (``producer.py``: prompts,
+fresh answers sampled at once or through the asynchronous rollout stream, replays, rewards), the
+learner and the loop here (advantages, updates, weight sync, validation, metrics), and the
+checkpoints beside them (``checkpoints.py``).
+
 Run under torchrun/srun for TP/PP/DP; every rank runs this loop with the same data. The step's
 prompt order and replays are pure functions of (seed, position, step), so a resumed run
 continues the same streams.
@@ -27,13 +32,8 @@ if __name__ == "__main__":  # a mistyped key, value or preset: said before torch
     check_command_line("config")
     with_cpu_runtime()  # may run this command again, so before the heavy imports
 
-import contextlib  # noqa: E402
 import json  # noqa: E402
-from collections import Counter
 import math
-import os
-import random
-import shutil
 import signal
 import time
 from dataclasses import asdict, replace
@@ -43,32 +43,22 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import host_memory, metrics, placement, platform, rundir, tasks
-from megatron_rlep.actor import checkpoint as actor_checkpoint
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.builtin_model import resolve_model_path
+from megatron_rlep.checkpoints import Checkpoints, disk_plan
 from megatron_rlep.config import Config, ConfigError, RunError
-from megatron_rlep.data import Example, load_examples
+from megatron_rlep.data import load_examples
 from megatron_rlep.files import write_text_atomic
 from megatron_rlep.correction import active as correction_active, batch_correction, \
     engine_old_logp
-from megatron_rlep.groups import (Group, Sample, assign_advantages, plan_group, replay_sample,
-                                  rescue_replays, score_samples, without_unscored)
+from megatron_rlep.groups import Group, assign_advantages
 from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.monitor import Monitor
-from megatron_rlep.pool import Answer, ExperiencePool, question_key
-from megatron_rlep.replay import PassRates
-from megatron_rlep.rollout import (encode_prompt, generate_sharded, make_engine, model_stop_ids,
-                                   training_engine)
-from megatron_rlep.rollout.stream import Flight, RolloutStream
+from megatron_rlep.platform import any_rank, is_rank0
+from megatron_rlep.producer import Producer, load_pool
+from megatron_rlep.rollout import generate_sharded, make_engine, model_stop_ids, training_engine
 from megatron_rlep.reward.scorer import Item, Scorer
-
-
-def is_rank0() -> bool:
-    """Rank 0 of the job; before the process group starts, as torchrun or srun numbered it."""
-    if dist.is_initialized():
-        return dist.get_rank() == 0
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
 
 
 class StopRequest:
@@ -87,32 +77,14 @@ class StopRequest:
     def agreed(self) -> bool:
         if self.received is None and self.stop_file.exists():
             self.received = f"the stop file {self.stop_file}"
-        return _any_rank(self.received is not None)
-
-
-class PromptStream:
-    """Training prompts in a seeded order, reshuffled every epoch; ``cursor`` counts prompts
-    handed out so far (saved in checkpoints)."""
-
-    def __init__(self, examples: list[Example], seed: int, cursor: int = 0):
-        if not examples:
-            raise ValueError("the training set is empty; check data.train")
-        self.examples, self.seed, self.cursor = examples, seed, cursor
-
-    def take(self, n: int) -> list[Example]:
-        out = [self.at(self.cursor + i) for i in range(n)]
-        self.cursor += n
-        return out
-
-    def at(self, position: int) -> Example:
-        """The example at ``position`` of the stream (a pure function of the seed)."""
-        epoch, pos = divmod(position, len(self.examples))
-        order = list(range(len(self.examples)))
-        random.Random(self.seed * 100003 + epoch).shuffle(order)
-        return self.examples[order[pos]]
+        return any_rank(self.received is not None)
 
 
 class Trainer:
+    """The learner and the loop: each step takes scored groups from the producer
+    (``producer.py``), updates the actor on them, sends its weights to the engines, validates
+    now and then, and saves beside it (``checkpoints.py``)."""
+
     def __init__(self, cfg: Config):
         from transformers import AutoTokenizer
 
@@ -142,10 +114,10 @@ class Trainer:
             for line in filter(None, (self.scorer.describe(), self.scorer.sandbox_line(),
                                       self.scorer.code_line(self.train_set))):
                 print(line, flush=True)
-        self.unscored = 0  # answers left out of their groups this step (the sandbox failed)
-        self.pool = self._load_pool()
-        self.disk = self.disk_plan()
-        problem = rundir.room_problem(self.run_dir, self.disk, cfg.logging.keep_checkpoints)
+        pool = load_pool(cfg, self.scorer, self.train_set)
+        self.checkpoints = Checkpoints(cfg, disk_plan(cfg))
+        problem = rundir.room_problem(self.run_dir, self.checkpoints.disk,
+                                      cfg.logging.keep_checkpoints)
         if problem:  # before the model loads: a full file system is said in seconds
             raise RunError(problem)
         rundir.pin_settings(self.run_dir, asdict(cfg), cfg.resume, is_rank0())
@@ -157,7 +129,6 @@ class Trainer:
                            **{k: v for k, v in asdict(cfg.parallel).items()
                               if k != "offload_during_rollout"})  # the trainer's to do
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
-        self.stop_ids = model_stop_ids(self.actor.hf_path, self.tokenizer)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
@@ -167,77 +138,26 @@ class Trainer:
             r, self.actor.hf_path, self.actor.dtype, cfg.seed,
             cfg.data.max_prompt_length + max(r.max_response_length,
                                              self._validation()["max_tokens"]))
-        if self.remote:
-            self.stream = placement.RemoteStream(
-                placement.learner_bridge(cfg, dist.get_rank() if dist.is_initialized() else 0),
-                placement.engines(cfg), a.max_staleness, r.timeout_s)
-        else:
-            self.stream = RolloutStream(self._segment, r.segment_tokens if r.partial else
-                                        r.max_response_length, r.max_response_length,
-                                        a.max_staleness) if streaming(cfg) else None
-        in_flight = []  # a resumed run's prompts that were in flight: sampled again first
-        self.step, cursor = 0, 0
-        self.pass_rates = PassRates()  # the replay strategies' running pass rates
-        self.best = None  # (val/acc, step) of the best validation so far
+        self.producer = Producer(cfg, self.tokenizer,
+                                 model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
+                                 pool, self.engine, self.train_set)
+        self.stream = self.producer.stream
+        self.step, in_flight = 0, []
         self.skipped_in_a_row = 0  # updates skipped for non-finite gradients, the latest ones
-        self.last_saved = None  # the newest intact checkpoint's name
         if cfg.resume and (self.run_dir / "checkpoints" / "latest").is_file():
-            checkpoint, extra = self.resume()
-            self.step, cursor = extra["step"], extra["cursor"]
-            self.last_saved = checkpoint.name
-            self.best = rundir.best_before(self.run_dir, self.step)
+            checkpoint, extra, live_pool = self.checkpoints.resume(self.actor)
+            self.step = extra["step"]
+            if live_pool is not None:
+                self.producer.pool = live_pool
             if self.offload:
                 self.actor.offload()
-            self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
-            in_flight = extra.get("in_flight", [])
-            if self.stream is not None:
-                self.stream.calls = extra.get("stream_calls", 0)
+            in_flight = self.producer.restore(extra)
             if is_rank0():
                 print(f"resuming from {checkpoint} at step {self.step}", flush=True)
             self.sync_weights(self.step)
-        self.prompts = PromptStream(self.train_set, cfg.seed, cursor)
-        if in_flight and self.stream is not None:
-            self.dispatch(in_flight, [self.prompts.at(p) for p in in_flight], self.step)
+        self.producer.dispatch_again(in_flight, self.step)
         if self.stream is not None and is_rank0():
             print(asynchrony_line(cfg), flush=True)
-
-    def resume(self) -> tuple[Path, dict]:
-        """(checkpoint, its extra state) of the newest intact checkpoint, loaded: the one
-        ``latest`` names, else the step before it, and so on. A checkpoint is checked against
-        its manifest first (every file's size; with ``resume_verify`` every checksum too); one
-        whose load still fails is checked by checksum to tell damage from a bug. Each one
-        skipped is said in one line; with none intact the run stops in one sentence."""
-        skipped = []
-        for checkpoint in rundir.resume_candidates(self.run_dir):
-            problem, checked = actor_checkpoint.damage(checkpoint, self.cfg.resume_verify)
-            if problem is None:
-                failed = None
-                try:
-                    extra = self.actor.load(checkpoint)
-                    if extra.get("live_pool"):  # answers verified when they joined
-                        self.pool = ExperiencePool.load_live(checkpoint.parent /
-                                                             extra["live_pool"])
-                except Exception as err:  # noqa: BLE001 - told from damage below, every rank
-                    failed = err
-                if _any_rank(failed is not None):  # the check is collective: all ranks go in
-                    problem = actor_checkpoint.damage(checkpoint, checksums=True)[0] if checked \
-                        else None
-                    if problem is None:
-                        raise failed or RunError(f"loading {checkpoint} failed on another rank "
-                                                 "(its log has the error)")
-            if problem is not None:
-                skipped.append(f"checkpoints/{checkpoint.name}: {problem}")
-                if is_rank0():
-                    print(f"warning: skipping checkpoints/{checkpoint.name}, it is damaged: "
-                          f"{problem}", flush=True)
-                continue
-            if not checked and is_rank0():
-                print(f"note: checkpoints/{checkpoint.name} was written before checkpoints "
-                      "carried a manifest: its files could not be checked", flush=True)
-            return checkpoint, extra
-        raise RunError(f"{self.run_dir} holds no intact checkpoint to resume from "
-                       f"({'; '.join(skipped)}): resume from a copy of the run directory, or "
-                       "start afresh with resume=false or another run_dir")
 
     def too_many_skipped(self) -> bool:
         limit = self.cfg.algorithm.max_skipped_updates
@@ -254,239 +174,13 @@ class Trainer:
                        "or look at the step's batch (logging.dump_batches=true), then resume "
                        "(algorithm.max_skipped_updates sets how many in a row stop the run)")
 
-    def keep_best(self, step: int, accuracy: float | None) -> bool:
-        """After a validation: a new best ``val/acc`` replaces ``checkpoints/best`` (weights
-        only). Every rank computed the same accuracy, so every rank takes part in the save."""
-        if not self.cfg.logging.keep_best or accuracy is None or \
-                (self.best is not None and accuracy <= self.best[0]):
-            return False
-        self.best = (accuracy, step)
-        self._room_for("checkpoints/best", self.disk["best"])
-        with self._stop_if_refused("checkpoints/best", self.disk["best"]):
-            self.actor.save_weights(self.run_dir / "checkpoints" / "best", step,
-                                    {"val/acc": accuracy})
-        return True
+    def save(self, step: int) -> None:
+        """A checkpoint of ``step`` with the producer's state (and its live pool)."""
+        live = self.cfg.algorithm.replay.refresh and self.producer.pool is not None
+        self.checkpoints.save(self.actor, step, self.producer.state(),
+                              self.producer.pool if live else None)
 
-    def disk_plan(self) -> dict:
-        """What the run's checkpoints and export hold on disk (actor/checkpoint.py disk_plan),
-        from the checkpoint's headers and the settings, before the model loads."""
-        cfg, log = self.cfg, self.cfg.logging
-        distributed = cfg.parallel.distributed_optimizer
-        if distributed is None:  # the actor's default: on a GPU with data parallelism
-            p = cfg.parallel
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            distributed = platform.has_cuda() and world // (p.tensor_parallel *
-                                                            p.pipeline_parallel) > 1
-        return actor_checkpoint.disk_plan(
-            actor_checkpoint.hf_parameters(resolve_model_path(cfg.model.path)),
-            platform.compute_dtype(cfg.model.dtype) == torch.bfloat16, cfg.algorithm.total_steps,
-            log.save_every, log.keep_checkpoints, log.keep_best, distributed)
-
-    def _load_pool(self) -> ExperiencePool | None:
-        """The experience pool (None without replay; an empty live pool without a built one),
-        checked, with its coverage of the training questions said and bounded."""
-        a = self.cfg.algorithm
-        if not a.replay_per_prompt:
-            return None
-        if not a.pool:
-            return ExperiencePool({}, "live")
-        pool = ExperiencePool.load(a.pool, self.scorer, a.pool_drop_rejected, a.pool_partial)
-        if pool.rejected and is_rank0():
-            fate = "dropped" if a.pool_drop_rejected else \
-                "kept (algorithm.pool_drop_rejected=true drops them)"
-            print(f"warning: experience pool {a.pool}: {pool.rejected} answers are rejected by "
-                  f"the {self.cfg.verifier.mode} verifier and are {fate}", flush=True)
-        coverage = pool.coverage(self.train_set)
-        if is_rank0():
-            print(f"experience pool {a.pool}: {len(pool)} questions, "
-                  f"{sum(len(v) for v in pool.entries.values())} answers; it covers "
-                  f"{coverage:.1%} of the {len(self.train_set)} training questions", flush=True)
-        if coverage < a.pool_min_coverage:
-            raise RunError(f"experience pool {a.pool} covers {coverage:.1%} of the training "
-                           f"questions, below algorithm.pool_min_coverage="
-                           f"{a.pool_min_coverage:g}; questions match by their prompt text, so "
-                           "build the pool from this run's training data (data.train) or lower "
-                           "algorithm.pool_min_coverage")
-        return pool
-
-    # ------------------------------------------------------------------ one step
-
-    def collect(self, examples: list[Example], step: int, batch: int = 0) -> list[Group]:
-        """G' groups for ``examples``: fresh rollouts and replays, scored. ``batch`` counts the
-        step's generation batches (dynamic sampling draws more), so each has its own seeds."""
-        r = self.cfg.rollout
-        groups = self.plan(examples, step)
-        completions = generate_sharded(
-            self.engine, [g.prompt_ids for g in groups], [g.fresh_requested for g in groups],
-            r.tensor_parallel, seed=(self.cfg.seed * 100003 + step) * 1009 + batch,
-            temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_length)
-        for group, fresh in zip(groups, completions):
-            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
-                                    logprobs=c.logprobs) for c in fresh]
-        return self.complete(groups, step)
-
-    def plan(self, examples: list[Example], step: int) -> list[Group]:
-        """A group per example: its replays (the replay strategy's) and how many fresh answers
-        the engine must sample."""
-        a = self.cfg.algorithm
-        groups = []
-        for ex in examples:
-            rate = self.pass_rates.rate(question_key(ex), self.pool.pass_rate(ex)) \
-                if self.pool is not None else None
-            replays, fresh = plan_group(ex, self.pool, a.rollouts_per_prompt, a.replay_per_prompt,
-                                        a.fill_absent, self.cfg.seed, step, a.replay_distinct,
-                                        a.replay.strategy, rate, a.replay.priority_floor)
-            groups.append(Group(ex, self._prompt_ids(ex), replays, fresh))
-        return groups
-
-    def complete(self, groups: list[Group], step: int) -> list[Group]:
-        """Groups whose fresh answers are sampled, scored, with their replays added and scored;
-        the pass rates take the fresh verdicts."""
-        a = self.cfg.algorithm
-        self._score([(s, g.example) for g in groups for s in g.samples], f"step {step}")
-        self.unscored += without_unscored(groups)  # not in the pass rates either
-        for group in groups:
-            self.pass_rates.add(question_key(group.example), [s.correct for s in group.samples])
-            if a.replay.strategy == "rescue":
-                group.replays = rescue_replays(group, self.pool, a.replay_per_prompt,
-                                               self.cfg.seed, step, a.replay_distinct)
-        replayed = [(self._replay_sample(g.example, t), g) for g in groups for t in g.replays]
-        self._score([(s, g.example) for s, g in replayed], f"step {step}'s replays")
-        for sample, group in replayed:
-            group.samples.append(sample)
-        self.unscored += without_unscored(groups)
-        return groups
-
-    def _score(self, pairs: list, what: str) -> None:
-        """Rewards of (sample, example) pairs, once for all ranks; too many failed: a stop."""
-        if pairs:
-            self.scorer.check(score_samples(pairs, self.scorer, collective=True), what)
-
-    def _replay_sample(self, example: Example, text: str) -> Sample:
-        stored = self.cfg.algorithm.correction.replay == "stored"
-        return replay_sample(text, self.tokenizer, self.cfg.rollout.max_response_length,
-                             self.pool.sampled_as(example, text) if stored else None,
-                             self.stop_ids)
-
-    def _prompt_ids(self, example: Example) -> tuple[int, ...]:
-        return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)
-
-    def gather_groups(self, step: int) -> tuple[list[Group], dict]:
-        """prompts_per_rollout groups. With dynamic sampling, uninformative groups (all answers
-        right or all wrong: ``Group.informative``) are dropped and more prompts drawn, up to
-        max_gen_batches generation batches in all; a batch still short then stops the run
-        (short_batch=error, the reference's behaviour) or trains on the groups kept."""
-        a = self.cfg.algorithm
-        if self.stream is not None:
-            return self.streamed_groups(step)
-        if not a.dynamic_sampling:
-            groups = self.collect(self.prompts.take(a.prompts_per_rollout), step)
-            return groups, {"prompts_drawn": len(groups), "groups_dropped": 0,
-                            "gen_batches": 1, "groups_short": 0}
-        kept, drawn, batches = [], 0, 0
-        while len(kept) < a.prompts_per_rollout and batches < (a.max_gen_batches or math.inf):
-            more = self.collect(self.prompts.take(a.prompts_per_rollout), step, batches)
-            batches, drawn = batches + 1, drawn + len(more)
-            kept += [g for g in more if g.informative(a.filter_metric)]
-        short = max(a.prompts_per_rollout - len(kept), 0)
-        if short:
-            what = (f"step {step}: dynamic sampling kept {len(kept)} of {a.prompts_per_rollout} "
-                    f"groups in {batches} generation batches (algorithm.max_gen_batches)")
-            if a.short_batch == "error":
-                raise RunError(f"{what}; the questions are too easy or too hard for the policy: "
-                               "raise algorithm.max_gen_batches (0: no limit) or set "
-                               "algorithm.short_batch=train to train on the groups kept")
-            if is_rank0():
-                print(f"warning: {what}; training on them (algorithm.short_batch=train)", flush=True)
-        return kept[:a.prompts_per_rollout], {"prompts_drawn": drawn, "groups_dropped": drawn - len(kept),
-                                              "gen_batches": batches, "groups_short": short}
-
-    # ------------------------------------------------------------------ asynchronous rollout
-
-    def streamed_groups(self, step: int) -> tuple[list[Group], dict]:
-        """prompts_per_rollout groups from the rollout stream (``rollout/stream.py``): what
-        finished before this step first, the oldest first, then segments of generation until
-        enough have finished; prompts are drawn to keep prompts_per_rollout +
-        ``rollout.extra_prompts`` in flight. Dynamic sampling drops uninformative groups as
-        they finish and draws more, up to max_gen_batches x prompts_per_rollout prompts a step."""
-        a, r = self.cfg.algorithm, self.cfg.rollout
-        need = a.prompts_per_rollout
-        limit = need * (a.max_gen_batches or math.inf) + r.extra_prompts if \
-            a.dynamic_sampling else math.inf  # prompts drawn this step at most
-        kept, drawn, dropped, busy = [], 0, 0, 0.0
-        while len(kept) < need:
-            room = need - len(kept) + r.extra_prompts - len(self.stream.flights)
-            if room > 0 and drawn < limit:
-                count = int(min(room, limit - drawn))
-                first = self.prompts.cursor
-                self.dispatch(list(range(first, first + count)), self.prompts.take(count), step)
-                drawn += count
-            finished = self.stream.take(need - len(kept), self.step)
-            if finished:
-                groups = self.complete([self._landed(f) for f in finished], step)
-                for group in groups:
-                    if not a.dynamic_sampling or group.informative(a.filter_metric):
-                        kept.append(group)
-                    else:
-                        dropped += 1
-                continue
-            if not self.stream.pending():
-                break  # nothing left to sample this step: short (dynamic sampling's limit)
-            start = time.perf_counter()
-            self.stream.advance(self.step, (self.cfg.seed * 100003 + 99991) * 1009)
-            busy += time.perf_counter() - start
-        # the next step's prompts in flight now: disaggregated engines sample them while the
-        # learners train (a colocated engine when the next step starts)
-        room = need + r.extra_prompts - len(self.stream.flights)
-        if room > 0:
-            first = self.prompts.cursor
-            self.dispatch(list(range(first, first + room)), self.prompts.take(room), step + 1)
-        short = max(need - len(kept), 0)
-        if short and a.short_batch == "error":
-            raise RunError(f"step {step}: dynamic sampling kept {len(kept)} of {need} groups "
-                           f"from {drawn} prompts (algorithm.max_gen_batches); the questions are "
-                           "too easy or too hard for the policy: raise algorithm.max_gen_batches "
-                           "(0: no limit) or set algorithm.short_batch=train")
-        return kept, {"prompts_drawn": drawn, "groups_dropped": dropped,
-                      "gen_batches": math.ceil(drawn / need), "groups_short": short,
-                      "generating_s": busy}
-
-    def dispatch(self, positions: list[int], examples: list[Example], step: int) -> None:
-        """Prompts into the rollout stream, each planned as a group (its replays chosen now)."""
-        flights = []
-        for position, group in zip(positions, self.plan(examples, step)):
-            group.position = position
-            flights.append(Flight(position, group.prompt_ids, group.fresh_requested, group))
-        self.stream.dispatch(flights, self.step)
-
-    def _landed(self, flight: Flight) -> Group:
-        """A finished flight as its group, the fresh answers as samples."""
-        group = flight.payload
-        group.samples = [Sample(tuple(a.token_ids),
-                                self.tokenizer.decode(a.token_ids, skip_special_tokens=True),
-                                replay=False, finished=a.finished, logprobs=tuple(a.logprobs),
-                                versions=tuple(a.versions)) for a in flight.answers]
-        return group
-
-    def _segment(self, prompts: list, counts: list[int], seed: int, max_tokens: int) -> list:
-        """The rollout stream's engine: one segment of every prompt's answers."""
-        r = self.cfg.rollout
-        return generate_sharded(self.engine, prompts, counts, r.tensor_parallel, seed=seed,
-                                temperature=r.temperature, top_p=r.top_p, max_tokens=max_tokens)
-
-    def staleness_metrics(self, groups: list[Group]) -> dict:
-        """How many versions behind the trained fresh tokens were (each token against the
-        weights it trains), and the rollout stream's restarts."""
-        counts = Counter(self.step - v for g in groups for s in g.samples for v in s.versions)
-        total = sum(counts.values())
-        out = {"rollout/staleness_mean": sum(k * n for k, n in counts.items()) / total
-               if total else None, "rollout/staleness_max": max(counts, default=None),
-               "rollout/stale_regenerated": self.stream.regenerated,
-               "rollout/in_flight": len(self.stream.flights)}
-        for lag in range(self.cfg.algorithm.max_staleness + 1):
-            out[f"rollout/tokens_lag_{lag}"] = counts[lag] / total if total else None
-        self.stream.regenerated = 0
-        return out
+    # ------------------------------------------------------------------ the learner
 
     def update(self, groups: list[Group]) -> tuple[list[dict], dict]:
         """Old log-probs from the current policy, then one optimiser update per mini-batch of
@@ -565,7 +259,7 @@ class Trainer:
 
     def _sync_difference(self) -> tuple[float, float]:
         """Largest and mean |log p_engine - log p_actor| over a fixed sequence (temperature 1)."""
-        probe = self._prompt_ids(self.train_set[0])
+        probe = self.producer.prompt_ids(self.train_set[0])
         ids = torch.tensor([probe])
         actor = torch.log_softmax(self.actor.logits(ids)[0, :-1].float(), -1)
         actor = actor.gather(-1, ids[0, 1:, None])[:, 0]
@@ -587,7 +281,7 @@ class Trainer:
         statistics (megatron_rlep/paired.py)."""
         n, out, accs, errors, record = self.cfg.validation.n, {}, [], [], []
         for name, examples in self.eval_sets.items():
-            prompts = [self._prompt_ids(e) for e in examples]
+            prompts = [self.producer.prompt_ids(e) for e in examples]
             if self.engine is not None and self.cfg.rollout.partial_kv == "keep":
                 self.engine.clear_cache()  # validated by the current weights alone
             completions = self.stream.sample(prompts, [n] * len(examples), self.cfg.seed,
@@ -631,98 +325,16 @@ class Trainer:
                 "top_p": _unless_none(v.top_p, r.top_p),
                 "max_tokens": _unless_none(v.max_response_length, r.max_response_length)}
 
-    def refresh_pool(self, groups: list[Group], step: int) -> None:
-        """The live pool takes the step's verified fresh answers that ended with EOS."""
-        r = self.cfg.rollout
-        provenance = json.dumps({"source": str(self.run_dir), "step": step,
-                                 "temperature": r.temperature, "top_p": r.top_p,
-                                 "max_response_length": r.max_response_length,
-                                 "verifier": self.cfg.verifier.mode,
-                                 "function": self.cfg.verifier.function})
-        for g in groups:
-            good = [Answer(s.text, step, s.response_ids, s.logprobs, provenance)
-                    for s in g.samples if not s.replay and s.correct and s.finished]
-            if good:
-                self.pool.add(g.example, good, self.cfg.algorithm.replay.cap)
-
-    def replay_metrics(self, groups: list[Group], step: int) -> dict:
-        """The pool's size and coverage, and how old the replayed answers are (steps since
-        the policy that sampled them; a built pool's answers count from before step 0)."""
-        ages = [step - self.pool.version_of(g.example, t) for g in groups for t in g.replays]
-        return {"pool/questions": len(self.pool),
-                "pool/answers": sum(len(v) for v in self.pool.entries.values()),
-                "pool/questions_covered": _mean(bool(self.pool.answers(g.example)) for g in groups),
-                "train/replay_age_mean": _mean(ages)}
-
-    def save(self, step: int) -> None:
-        """A checkpoint of ``step``, then ``latest`` names it. Too little room for it, or a
-        write the file system refuses, stops the run in one sentence with the numbers; the
-        partial directory goes, ``latest`` stays on the last intact checkpoint."""
-        name = f"step-{step:06d}"
-        self._room_for(f"checkpoints/{name}", self.disk["checkpoint"])
-        extra = {"step": step, "cursor": self.prompts.cursor, "pass_rates": self.pass_rates.state()}
-        if self.stream is not None:  # what was in flight is sampled again on resume
-            extra["in_flight"] = [f.position for f in self.stream.flights]
-            extra["stream_calls"] = self.stream.calls
-        pool = None
-        if self.cfg.algorithm.replay.refresh and self.pool is not None:
-            extra["live_pool"] = f"pool-{step:06d}"
-            pool = self.run_dir / "checkpoints" / extra["live_pool"]
-            if is_rank0():
-                shutil.rmtree(pool, ignore_errors=True)  # left by a save cut short
-        with self._stop_if_refused(f"checkpoints/{name}", self.disk["checkpoint"], pool):
-            if pool is not None and is_rank0():
-                self.pool.write(pool, {"live_pool_of": str(self.run_dir), "step": step})
-            self.actor.save(self.run_dir / "checkpoints" / name, extra=extra)
-        if is_rank0():
-            latest = self.run_dir / "checkpoints" / "latest"
-            tmp = latest.with_suffix(".tmp")
-            tmp.write_text(name + "\n")
-            tmp.replace(latest)
-            rundir.prune(self.run_dir, self.cfg.logging.keep_checkpoints)
-        self.last_saved = name
-        if dist.is_initialized():
-            dist.barrier()
-
-    def _room_for(self, what: str, need: int) -> None:
-        """Stop before a save (``what``: its path under run_dir) the file system has no room
-        for (every rank agrees)."""
-        problem = rundir.save_room_problem(self.run_dir, what, need, self.last_saved) \
-            if is_rank0() else None
-        if _any_rank(problem is not None):
-            raise RunError(problem or f"cannot save {what}: rank 0 found too little "
-                           f"room; {rundir.kept_note(self.run_dir, self.last_saved)}")
-
-    @contextlib.contextmanager
-    def _stop_if_refused(self, what: str, need: int, also: Path | None = None):
-        """A save the file system refuses (full, over quota, an I/O error) becomes one sentence;
-        what it wrote (its partial directory, ``also``) is gone."""
-        try:
-            yield
-        except (actor_checkpoint.SaveFailed, OSError) as err:
-            if isinstance(err, actor_checkpoint.SaveFailed) and not err.storage or \
-                    isinstance(err, OSError) and not actor_checkpoint.storage_error(err):
-                raise
-            if also is not None and is_rank0():
-                shutil.rmtree(also, ignore_errors=True)
-            reason = err.reason if isinstance(err, actor_checkpoint.SaveFailed) else \
-                f"{type(err).__name__}: {err}"
-            free = shutil.disk_usage(self.run_dir).free
-            raise RunError(f"saving {what} failed ({reason}) in {self.run_dir}, which "
-                           f"has {actor_checkpoint.human(free)} free for a checkpoint of "
-                           f"{actor_checkpoint.human(need)}; the partial save is removed and "
-                           f"{rundir.kept_note(self.run_dir, self.last_saved)}") from None
-
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
         if is_rank0():
-            rundir.say_disk(self.run_dir, self.disk, cfg.logging.keep_checkpoints)
-        monitor = self.monitor
+            rundir.say_disk(self.run_dir, self.checkpoints.disk, cfg.logging.keep_checkpoints)
+        monitor, producer = self.monitor, self.producer
         monitor.start(a.total_steps, self.step)
         free_page_cap = host_memory.FreePageCap()
-        if self.pool is not None:
+        if producer.pool is not None:
             monitor.artifact(a.pool, "experience-pool", "pool", reference=True)
         every = cfg.logging.eval_every
         stop = StopRequest(self.run_dir / "STOP")
@@ -732,11 +344,12 @@ class Trainer:
                 metrics = {}
                 if every and step == 0:
                     first = self.validate(0)  # the untrained policy
-                    self.keep_best(0, first["val/acc"])
+                    self.checkpoints.keep_best(self.actor, 0, first["val/acc"])
                     monitor.log(0, first, advance=False)
                 t0 = time.perf_counter()
-                groups, info = self.gather_groups(step)
-                stale = self.staleness_metrics(groups) if self.stream is not None else {}
+                groups, info = producer.groups(step)
+                stale = producer.staleness_metrics(groups, step) if self.stream is not None \
+                    else {}
                 t1 = time.perf_counter()
                 updates, mismatch = self.update(groups) if groups else ([], {})
                 if self.too_many_skipped():
@@ -744,12 +357,13 @@ class Trainer:
                 t2 = time.perf_counter()
                 metrics.update(mismatch)
                 metrics.update(self.sync_weights(step + 1) if updates else {})
-                if a.replay.refresh and self.pool is not None:
-                    self.refresh_pool(groups, step)
+                if a.replay.refresh and producer.pool is not None:
+                    producer.refresh_pool(groups, step)
                 self.step += 1
                 if every and (self.step % every == 0 or self.step == a.total_steps):
                     metrics.update(self.validate(self.step))
-                    metrics["val/best_kept"] = float(self.keep_best(self.step, metrics["val/acc"]))
+                    metrics["val/best_kept"] = float(self.checkpoints.keep_best(
+                        self.actor, self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
                 if self.remote:  # each side's waits on the other
                     metrics.update(stale)
@@ -763,9 +377,9 @@ class Trainer:
                     metrics["time/rollout_idle"] = (t1 - t0 - info["generating_s"]) + \
                         (time.perf_counter() - t1)
                 metrics.update(self.scorer.take_counts())  # rewards that raised, timed out, ...
-                metrics["reward/unscored"], self.unscored = self.unscored, 0
-                if self.pool is not None:
-                    metrics.update(self.replay_metrics(groups, step))
+                metrics["reward/unscored"], producer.unscored = producer.unscored, 0
+                if producer.pool is not None:
+                    metrics.update(producer.replay_metrics(groups, step))
                 metrics["time/step_s"] = time.perf_counter() - t0
                 metrics.update(free_page_cap())
                 metrics.update(_memory_metrics())
@@ -777,7 +391,8 @@ class Trainer:
                 if saved:
                     self.save(self.step)
                 if self.step == a.total_steps:
-                    with self._stop_if_refused("hf", self.disk["hf"]):  # the policy for pools
+                    # the policy for pools
+                    with self.checkpoints.stop_if_refused("hf", self.checkpoints.disk["hf"]):
                         self.actor.save_hf(self.run_dir / "hf")
                 monitor.log(self.step, metrics)
                 if self.step < a.total_steps and stop.agreed():
@@ -793,13 +408,6 @@ class Trainer:
             self.scorer.close()
         if self.remote:  # a failed run says nothing more to the rollout ranks: its exit ends them
             self.stream.stop()
-
-
-def streaming(cfg: Config) -> bool:
-    """Whether the trainer samples through the rollout stream (asynchronous rollout)."""
-    r = cfg.rollout
-    return cfg.algorithm.max_staleness > 0 or r.partial or bool(r.extra_prompts) or \
-        r.placement == "disaggregated"
 
 
 def asynchrony_line(cfg: Config) -> str:
@@ -821,14 +429,6 @@ def asynchrony_line(cfg: Config) -> str:
         "; no importance weights between the sampling and the trained policy " \
         "(algorithm.correction.is_level=token adds them)"
     return f"asynchronous rollout: {', '.join(how)}; {bound}{fix}"
-
-
-def _any_rank(flag: bool) -> bool:
-    """Whether ``flag`` holds on any rank (every rank calls it)."""
-    value = torch.tensor([float(flag)], device=platform.device())
-    if dist.is_initialized():
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
 
 
 def _memory_metrics() -> dict:

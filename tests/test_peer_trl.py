@@ -123,7 +123,7 @@ def test_the_two_trainers_are_configured_alike(tmp_path, job, precision):
     from megatron_rlep import tasks
     from megatron_rlep.config import compose
     from megatron_rlep.data import load_examples
-    from megatron_rlep.train import PromptStream
+    from megatron_rlep.producer import PromptStream
 
     args = peer_trl.parse_args(["--job", job, "--precision", precision, "--out", str(tmp_path)])
     trl = peer_trl.trl_config(args, tmp_path / "trl")

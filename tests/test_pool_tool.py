@@ -190,14 +190,11 @@ def test_an_unfinished_pool_is_refused_unless_asked_for(tmp_path, release):
 def test_the_trainer_says_the_pools_coverage_and_stops_below_the_minimum(tmp_path, release, capsys):
     from megatron_rlep.tasks import arithmetic
     from megatron_rlep.config import RunError, compose
-    from megatron_rlep.train import Trainer
+    from megatron_rlep.producer import load_pool
 
-    def load(train_levels, *extra):
-        trainer = Trainer.__new__(Trainer)  # the pool check alone: no actor, no engine
-        trainer.cfg = compose([f"algorithm.pool={release}", *extra])
-        trainer.train_set = arithmetic.examples("train", train_levels, 12, 3)
-        trainer.scorer = Scorer(settings("dapo"))
-        return trainer._load_pool()
+    def load(train_levels, *extra):  # the trainer's pool check, before its actor and engine
+        return load_pool(compose([f"algorithm.pool={release}", *extra]),
+                         Scorer(settings("dapo")), arithmetic.examples("train", train_levels, 12, 3))
 
     assert len(load([1, 2])) == 9  # the release was built from these 12 questions
     assert "it covers 75.0% of the 12 training questions" in capsys.readouterr().out

@@ -69,7 +69,7 @@ def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
 
     from megatron_rlep.config import AlgorithmConfig, RunError
     from megatron_rlep.groups import Group, Sample
-    from megatron_rlep.train import Trainer
+    from megatron_rlep.producer import Producer
 
     def group(*answers):  # (correct, reward) per answer
         g = Group(example("q"), (1,), [], len(answers))
@@ -86,7 +86,7 @@ def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
         stub = SimpleNamespace(cfg=SimpleNamespace(algorithm=a), stream=None,
                                prompts=SimpleNamespace(take=lambda n: [None] * n),
                                collect=lambda examples, step, batch: batches[batch])
-        return Trainer.gather_groups(stub, step=0)
+        return Producer.groups(stub, step=0)
 
     groups, info = gather()  # the reference: accuracy, 10 batches
     assert groups == [batches[0][1], batches[2][0]]
@@ -200,18 +200,18 @@ def test_refresh_takes_verified_finished_fresh_answers_with_provenance():
 
     from megatron_rlep.config import Config
     from megatron_rlep.groups import Group, Sample
-    from megatron_rlep.train import Trainer
+    from megatron_rlep.producer import Producer
 
-    cfg = Config()
+    cfg = Config(run_dir="runs/x")
     cfg.algorithm.replay.cap = 2
-    trainer = SimpleNamespace(cfg=cfg, pool=ExperiencePool({}), run_dir="runs/x")
+    producer = SimpleNamespace(cfg=cfg, pool=ExperiencePool({}))
     q = example("q")
     samples = [Sample((1, 0), "right", False, True, correct=True, logprobs=(-0.5, -0.5)),
                Sample((2,), "right but cut", False, False, correct=True),
                Sample((3, 0), "wrong", False, True, correct=False),
                Sample((4, 0), "replayed", True, True, correct=True)]
-    Trainer.refresh_pool(trainer, [Group(q, (9,), ["replayed"], 3, samples)], step=7)
-    (answer,) = trainer.pool.entries[question_key(q)]
+    Producer.refresh_pool(producer, [Group(q, (9,), ["replayed"], 3, samples)], step=7)
+    (answer,) = producer.pool.entries[question_key(q)]
     assert (answer.text, answer.version, answer.token_ids, answer.logprobs) == \
         ("right", 7, (1, 0), (-0.5, -0.5))
     record = json.loads(answer.provenance)
