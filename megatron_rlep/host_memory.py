@@ -124,9 +124,10 @@ class FreePageCap:
     it), and counts a page as held whether or not it was ever written; the kernel makes it
     resident only when written. So a step that writes, for the first time, pages held since the
     warm-up grows the process by 100-190 MiB while tcmalloc's own figures stay put (docs/scaling.md,
-    "Host memory over 300 steps"): the cap watches the resident pages instead. What stays
-    resident after a release is not tcmalloc's to give back (Python's own arenas, thread stacks)
-    and raises the cap, so it is released once, not every step. ``warmup`` is
+    "Host memory over 300 steps"): the cap watches the resident pages instead. The step after a
+    release starts from no free pages, so what it leaves resident is what a step needs now: it
+    raises the cap, so a working set that grew for good is released once, not every other step
+    (a release costs the next step its page faults). ``warmup`` is
     MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the cap off). Does nothing where tcmalloc is not
     the allocator or /proc does not give ``RssAnon``."""
 
@@ -139,6 +140,7 @@ class FreePageCap:
                              "it to the steps whose resident pages set the cap (10 unless set) "
                              "or 0 to keep every free page")
         self.warmup, self.calls, self.cap, self.prefix = int(setting), 0, 0, prefix
+        self.released = False  # at the last call
         self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
         if self.release is not None:
             self.release.restype, self.release.argtypes = None, []
@@ -153,14 +155,13 @@ class FreePageCap:
             return {}
         self.calls += 1
         beyond = self._beyond_live()
-        if self.calls <= self.warmup:
+        if self.calls <= self.warmup or self.released:
             self.cap = max(self.cap, beyond)
-        if self.calls <= self.warmup or beyond <= self.cap + self.SLACK:
+        self.released = self.calls > self.warmup and beyond > self.cap + self.SLACK
+        if not self.released:
             return {f"{self.prefix}heap_released_gib": 0.0}
         self.release()
-        after = self._beyond_live()
-        self.cap = max(self.cap, after)
-        return {f"{self.prefix}heap_released_gib": max(beyond - after, 0) / 2**30}
+        return {f"{self.prefix}heap_released_gib": max(beyond - self._beyond_live(), 0) / 2**30}
 
 
 def metrics(prefix: str = "perf/") -> dict[str, float]:

@@ -109,8 +109,25 @@ print(json.dumps(seen))
 """
 
 
-def capped(env: dict, script: str = CAP) -> list:
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+# steps each writing and freeing a block of the MiB given on the command line
+WRITTEN = """
+import ctypes, json, sys
+from megatron_rlep.host_memory import FreePageCap
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+cap, seen = FreePageCap(), []
+for mib in json.loads(sys.argv[1]):
+    block = libc.malloc(mib << 20)
+    ctypes.memset(block, 1, mib << 20)
+    libc.free(block)
+    seen.append(cap().get("perf/heap_released_gib"))
+print(json.dumps(seen))
+"""
+
+
+def capped(env: dict, script: str = CAP, *args: str) -> list:
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **env},
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
@@ -142,6 +159,19 @@ def test_pages_counted_free_but_first_written_after_the_warm_up_go_back_too():
     assert written[0] * 1024 >= 300  # written in the third step: handed back after it
     assert written[2] <= warm[2] + 16  # the process's resident pages back at the warm-up's
     assert after[0] == 0.0 and after[2] <= warm[2] + 16
+
+
+def test_a_working_set_that_grew_for_good_is_released_once_not_every_other_step():
+    """Steps that need 320 MiB from the third on: the 320 MiB the third leaves go back, the
+    fourth writes them again, and what the fourth leaves, starting from no free pages, sets the
+    cap: nothing goes back after it (a release each step would fault them in again each step)."""
+    tcmalloc = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
+    if not tcmalloc:
+        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
+    released = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "2"}, WRITTEN,
+                      "[64, 64, 320, 320, 320, 320]")
+    assert released[:2] == [0.0, 0.0] and released[2] * 1024 >= 200
+    assert released[3:] == [0.0, 0.0, 0.0]
 
 
 def test_the_cap_leaves_other_allocators_alone_and_names_a_bad_setting():
