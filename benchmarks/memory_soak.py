@@ -7,13 +7,15 @@ Each mode runs the CPU baseline job (``experiment=cpu_baseline``) for ``--steps`
 validation or checkpoint after the start, in a process of its own: ``sync`` as the trainer
 runs by default, ``async`` disaggregated under torchrun (one learner, one rollout rank: the
 weights reach the engine by broadcast after every update, partial rollouts, N = 1). While it
-runs, the proportional and the unique set sizes (PSS, USS) of the launcher and every process
-under it (the ranks, their scorers and engines) are summed every ``--every`` seconds; each
+runs, the proportional and the unique set sizes (PSS, USS) and the anonymous pages of the
+launcher and every process under it (the ranks, their scorers and engines) are summed every
+``--every`` seconds; each
 sample is assigned to the step being run (the lines of ``metrics.jsonl`` so far). Per step the
 median sample is kept. The slope of each after ``--warmup`` steps is the least-squares line's,
 with a 95% interval from a bootstrap over steps (blocks of 10, for the samples' correlation).
-PSS is the run's footprint but moves when other processes mapping the same libraries start or
-end (run nothing else); USS does not. Beside them, what the ranks log every step
+PSS is the run's footprint; it and USS move when other processes mapping the same libraries
+start or end (two modes run side by side: one's end steps the other's up), the anonymous pages
+(``anon_``) do not. Beside them, what the ranks log every step
 (``LOGGED``): each side's process tree and its heap's live and free bytes
 (megatron_rlep/host_memory.py), with their slopes: live bytes that grow are a leak, free bytes
 that jump once and stay are the allocator keeping the high-water mark of its largest step.
@@ -45,6 +47,8 @@ MODES = {
 # what the ranks log of their memory every step (megatron_rlep/host_memory.py): the learner's
 # process tree and its heap's live and free bytes, and the rollout ranks' as they report them
 LOGGED = ("perf/host_memory_gib", "perf/heap_", "perf/rollout_")
+# each sample's columns after the step: PSS under the plain keys, then USS, then anonymous pages
+KINDS = (("", 1), ("uss_", 2), ("anon_", 3))
 
 
 def slope(steps: list[int], mib: list[float]) -> float:
@@ -87,8 +91,7 @@ def soak(mode: str, args, extra: list[str]) -> dict:
             while not done.wait(args.every):
                 try:
                     step = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-                    pss, uss = tree_sizes(child.pid)
-                    samples.append((step, pss / 2**20, uss / 2**20))
+                    samples.append((step, *(size / 2**20 for size in tree_sizes(child.pid))))
                 except OSError:
                     continue
         thread = threading.Thread(target=sample, daemon=True)
@@ -100,7 +103,7 @@ def soak(mode: str, args, extra: list[str]) -> dict:
         raise SystemExit(f"{mode}: the run failed (exit status {code}); see "
                          f"{Path(args.out) / f'{mode}.log'}")
     result = {"mode": mode, "command": " ".join(argv)}
-    for kind, column in (("", 1), ("uss_", 2)):  # PSS under the plain keys, then USS
+    for kind, column in KINDS:
         per_step = {}
         for sample in samples:
             per_step.setdefault(sample[0], []).append(sample[column])
@@ -143,7 +146,7 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
-        for kind, style in (("", "-"), ("uss_", "--")):
+        for (kind, _), style in zip(KINDS, ("-", "--", ":")):
             if f"{kind}mib" in r:
                 low, high = r[f"{kind}slope_interval"]
                 ax.plot(r["steps"], r[f"{kind}mib"], style, label=f"{r['mode']} "
@@ -156,7 +159,7 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(Path(args.out) / "memory_soak.png", dpi=120)
     for r in results:
-        for kind in ("", "uss_"):
+        for kind, _ in KINDS:
             if f"{kind}mib" in r:
                 low, high = r[f"{kind}slope_interval"]
                 print(f"{r['mode']} {kind[:-1].upper() or 'PSS'}: "

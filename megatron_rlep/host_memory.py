@@ -38,13 +38,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree_sizes(pid: int | None = None) -> tuple[int, int]:
-    """The proportional and the unique set sizes (PSS, USS) of process ``pid`` (this one) and
-    its descendants, summed (bytes). PSS is the tree's whole footprint, each shared page split
-    among the processes that map it, so it moves when processes outside start or end that map
-    the same library pages; USS, the pages no other process maps, does not. Where /proc has no
-    ``smaps_rollup`` both are a process's resident size."""
-    pss = uss = 0
+def tree_sizes(pid: int | None = None) -> tuple[int, int, int]:
+    """The proportional and the unique set sizes (PSS, USS) and the anonymous pages of process
+    ``pid`` (this one) and its descendants, summed (bytes). PSS is the tree's whole footprint,
+    each shared page split among the processes that map it; USS counts the pages no other
+    process maps. Both move when processes outside the tree that map the same library pages
+    start or end (two soaks side by side: one's end raised the other's PSS by 143 MiB, its USS
+    by 215). The anonymous pages (heaps, stacks, tensors) are no other process's, so they do not
+    move. Where /proc has no ``smaps_rollup`` all three are a process's resident size."""
+    pss = uss = anon = 0
     todo = [pid or os.getpid()]
     while todo:
         current = todo.pop()
@@ -54,14 +56,15 @@ def tree_sizes(pid: int | None = None) -> tuple[int, int]:
                       Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()[1:]}
             pss += fields["Pss"]
             uss += fields["Private_Clean"] + fields["Private_Dirty"]
+            anon += fields["Anonymous"]
         except (OSError, KeyError, ValueError, IndexError):
             try:
                 rss = int(Path(f"/proc/{current}/statm").read_text().split()[1]) * \
                     os.sysconf("SC_PAGE_SIZE")
             except OSError:
                 continue  # the process ended
-            pss, uss = pss + rss, uss + rss
-    return pss, uss
+            pss, uss, anon = pss + rss, uss + rss, anon + rss
+    return pss, uss, anon
 
 
 def tree_bytes(pid: int | None = None) -> int:
