@@ -72,6 +72,12 @@ def k_values(n: int) -> list[int]:
     return ks if ks[-1] == n else ks + [n]
 
 
+def mean_or_none(values) -> float | None:
+    """The mean of ``values`` (any iterable), or None when there are none."""
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
 def mean_and_stderr(values: list[float]) -> tuple[float, float]:
     mean = sum(values) / len(values)
     if len(values) < 2:

@@ -32,6 +32,7 @@ from megatron_rlep import placement
 from megatron_rlep.config import Config, RunError
 from megatron_rlep.data import Example
 from megatron_rlep.platform import is_rank0
+from megatron_rlep.metrics import mean_or_none
 from megatron_rlep.groups import (Group, Sample, plan_group, replay_sample, rescue_replays,
                                   score_samples, without_unscored)
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
@@ -343,8 +344,9 @@ class Producer:
         ages = [step - self.pool.version_of(g.example, t) for g in groups for t in g.replays]
         return {"pool/questions": len(self.pool),
                 "pool/answers": sum(len(v) for v in self.pool.entries.values()),
-                "pool/questions_covered": _mean(bool(self.pool.answers(g.example)) for g in groups),
-                "train/replay_age_mean": _mean(ages)}
+                "pool/questions_covered": mean_or_none(bool(self.pool.answers(g.example))
+                                                       for g in groups),
+                "train/replay_age_mean": mean_or_none(ages)}
 
 
 def streaming(cfg: Config) -> bool:
@@ -352,8 +354,3 @@ def streaming(cfg: Config) -> bool:
     r = cfg.rollout
     return cfg.algorithm.max_staleness > 0 or r.partial or bool(r.extra_prompts) or \
         r.placement == "disaggregated"
-
-
-def _mean(values) -> float | None:
-    values = list(values)
-    return sum(values) / len(values) if values else None

@@ -54,6 +54,7 @@ from megatron_rlep.correction import active as correction_active, batch_correcti
     engine_old_logp
 from megatron_rlep.groups import Group, assign_advantages
 from megatron_rlep.loss import rollout_mismatch
+from megatron_rlep.metrics import mean_or_none
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.platform import any_rank, is_rank0
 from megatron_rlep.producer import Producer, load_pool
@@ -469,30 +470,25 @@ def _unless_none(value, default):
     return default if value is None else value
 
 
-def _mean(values) -> float | None:
-    values = list(values)
-    return sum(values) / len(values) if values else None
-
-
 def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
     fresh = [s for g in groups for s in g.samples if not s.replay]
     replay = [s for g in groups for s in g.samples if s.replay]
     every = fresh + replay
     out = {
-        "train/acc_fresh": _mean(s.correct for s in fresh),
-        "train/acc_replay": _mean(s.correct for s in replay),
-        "train/reward": _mean(s.reward for s in every),
-        "train/reward_fresh": _mean(s.reward for s in fresh),
+        "train/acc_fresh": mean_or_none(s.correct for s in fresh),
+        "train/acc_replay": mean_or_none(s.correct for s in replay),
+        "train/reward": mean_or_none(s.reward for s in every),
+        "train/reward_fresh": mean_or_none(s.reward for s in fresh),
         "train/replay_fraction": len(replay) / max(len(every), 1),
-        "train/replays_per_group": _mean(len(g.replays) for g in groups),  # the effective M
-        "train/groups_with_replays": _mean(bool(g.replays) for g in groups),
-        "train/distinct_replays_per_group": _mean(len(set(g.replays)) for g in groups),
+        "train/replays_per_group": mean_or_none(len(g.replays) for g in groups),  # the effective M
+        "train/groups_with_replays": mean_or_none(bool(g.replays) for g in groups),
+        "train/distinct_replays_per_group": mean_or_none(len(set(g.replays)) for g in groups),
         # the replays' share of the advantage mass sum |A|: how much of the update they steer
         "train/replay_advantage_share": sum(abs(s.advantage) for s in replay) /
         max(sum(abs(s.advantage) for s in every), 1e-12),
-        "train/response_length": _mean(len(s.response_ids) for s in every),
-        "train/response_length_fresh": _mean(len(s.response_ids) for s in fresh),
-        "train/truncated_fraction": _mean(not s.finished for s in every),
+        "train/response_length": mean_or_none(len(s.response_ids) for s in every),
+        "train/response_length_fresh": mean_or_none(len(s.response_ids) for s in fresh),
+        "train/truncated_fraction": mean_or_none(not s.finished for s in every),
         "train/groups": len(groups), "train/sequences": len(every),
         "train/prompts_drawn": info["prompts_drawn"], "train/groups_dropped": info["groups_dropped"],
         "train/gen_batches": info["gen_batches"], "train/groups_short": info["groups_short"],
@@ -500,7 +496,7 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
     }
     applied = [u for u in updates if not u["skipped"]]
     for key in ("loss", "clip_fraction", "dual_clip_fraction", "entropy", "grad_norm", "lr"):
-        out[f"actor/{key}"] = _mean(u[key] for u in applied)
+        out[f"actor/{key}"] = mean_or_none(u[key] for u in applied)
     out["actor/skipped_updates"] = len(updates) - len(applied)  # non-finite gradients
     tokens = sum(u["tokens"] for u in updates)
     out["perf/update_tokens_per_s"] = tokens / update_s if update_s > 0 else None
