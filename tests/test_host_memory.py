@@ -46,17 +46,23 @@ def test_a_grandchilds_pages_count_in_each_tree_above_it(children_files, monkeyp
         child.wait()
 
 
+@pytest.fixture
+def tcmalloc() -> str:
+    """The tcmalloc library the trainer preloads on a CPU host."""
+    found = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
+    if not found:
+        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
+    return found[0]
+
+
 def heaps(env: dict) -> tuple[dict, dict, dict]:
     done = subprocess.run([sys.executable, "-c", HEAP], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).resolve().parent.parent, check=True)
     return tuple(json.loads(done.stdout))
 
 
-def test_tcmalloc_keeps_a_freed_block_as_free_heap_not_live_bytes():
-    tcmalloc = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
-    if not tcmalloc:
-        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
-    before, during, after = heaps({"LD_PRELOAD": tcmalloc[0], "PATH": "/usr/bin:/bin"})
+def test_tcmalloc_keeps_a_freed_block_as_free_heap_not_live_bytes(tcmalloc):
+    before, during, after = heaps({"LD_PRELOAD": tcmalloc, "PATH": "/usr/bin:/bin"})
     assert during["in_use"] - before["in_use"] >= 384 << 20
     assert after["in_use"] - before["in_use"] < 16 << 20  # live bytes back where they were
     assert after["free"] - before["free"] >= 300 << 20  # the block kept, free, for later
@@ -134,26 +140,20 @@ def capped(env: dict, script: str = CAP, *args: str) -> list:
     return json.loads(done.stdout)
 
 
-def test_free_pages_above_the_warm_ups_most_go_back_to_the_kernel():
-    tcmalloc = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
-    if not tcmalloc:
-        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
-    warm, _, large, after = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "2"})
+def test_free_pages_above_the_warm_ups_most_go_back_to_the_kernel(tcmalloc):
+    warm, _, large, after = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "2"})
     assert warm[0] == 0.0  # the warm-up only notes what it holds
     assert large[0] * 1024 >= 200  # the larger block's extra pages handed back ...
     assert large[1] <= warm[1] + 16  # ... down to the warm-up's free pages
     assert after == [0.0, pytest.approx(after[1])] and after[1] <= warm[1] + 16
-    kept = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "0"})
+    kept = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "0"})
     assert [k[0] for k in kept] == [None] * 4 and kept[2][1] >= 300  # off: all kept
 
 
-def test_pages_counted_free_but_first_written_after_the_warm_up_go_back_too():
+def test_pages_counted_free_but_first_written_after_the_warm_up_go_back_too(tcmalloc):
     """A step that first writes pages tcmalloc has held (and counted free) since the warm-up
     grows the process with tcmalloc's figures unchanged: the cap goes by the resident pages."""
-    tcmalloc = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
-    if not tcmalloc:
-        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
-    warm, _, written, after = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "2"},
+    warm, _, written, after = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "2"},
                                      UNWRITTEN)
     assert warm[0] == 0.0 and warm[1] >= 300  # counted free, never written
     assert written[0] * 1024 >= 300  # written in the third step: handed back after it
@@ -161,14 +161,11 @@ def test_pages_counted_free_but_first_written_after_the_warm_up_go_back_too():
     assert after[0] == 0.0 and after[2] <= warm[2] + 16
 
 
-def test_a_working_set_that_grew_for_good_is_released_once_not_every_other_step():
+def test_a_working_set_that_grew_for_good_is_released_once_not_every_other_step(tcmalloc):
     """Steps that need 320 MiB from the third on: the 320 MiB the third leaves go back, the
     fourth writes them again, and what the fourth leaves, starting from no free pages, sets the
     cap: nothing goes back after it (a release each step would fault them in again each step)."""
-    tcmalloc = [lib for lib in cpu_runtime_libraries() if "tcmalloc" in lib]
-    if not tcmalloc:
-        pytest.skip("tcmalloc is not installed here (scripts/env.sh installs it)")
-    released = capped({"LD_PRELOAD": tcmalloc[0], "MEGATRON_RLEP_HEAP_CAP": "2"}, WRITTEN,
+    released = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "2"}, WRITTEN,
                       "[64, 64, 320, 320, 320, 320]")
     assert released[:2] == [0.0, 0.0] and released[2] * 1024 >= 200
     assert released[3:] == [0.0, 0.0, 0.0]
