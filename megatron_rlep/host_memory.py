@@ -127,11 +127,13 @@ class FreePageCap:
     it), and counts a page as held whether or not it was ever written; the kernel makes it
     resident only when written. So a step that writes, for the first time, pages held since the
     warm-up grows the process by 100-190 MiB while tcmalloc's own figures stay put (docs/scaling.md,
-    "Host memory over 300 steps"): the cap watches the resident pages instead. The step after a
-    release starts from no free pages, so what it leaves resident is what a step needs now: it
-    raises the cap, so a working set that grew for good is released once, not every other step
-    (a release costs the next step its page faults). ``warmup`` is
-    MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the cap off). Does nothing where tcmalloc is not
+    "Host memory over a long run"): the cap watches the resident pages instead. After a release
+    the cap is learnt again over the next ``warmup`` calls, as at the start (raised, never
+    lowered): the steps after a release start from no free pages and take a few steps to hold
+    what a step needs now (the first of them held 180 MiB less than the second in a soak), so a
+    working set that grew for good is released once, not every other step (a release costs the
+    next step its page faults). ``warmup`` is MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the
+    cap off). Does nothing where tcmalloc is not
     the allocator or /proc does not give ``RssAnon``."""
 
     SLACK = 64 << 20  # growth let be: a release costs the next step its page faults
@@ -142,8 +144,8 @@ class FreePageCap:
             raise ValueError(f"MEGATRON_RLEP_HEAP_CAP={setting!r} is not a number of steps: set "
                              "it to the steps whose resident pages set the cap (10 unless set) "
                              "or 0 to keep every free page")
-        self.warmup, self.calls, self.cap, self.prefix = int(setting), 0, 0, prefix
-        self.released = False  # at the last call
+        self.warmup, self.cap, self.prefix = int(setting), 0, prefix
+        self.learning = self.warmup  # calls left that only raise the cap: the first, after a release
         self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
         if self.release is not None:
             self.release.restype, self.release.argtypes = None, []
@@ -156,14 +158,14 @@ class FreePageCap:
     def __call__(self) -> dict[str, float]:
         if self.release is None or not self.warmup:
             return {}
-        self.calls += 1
         beyond = self._beyond_live()
-        if self.calls <= self.warmup or self.released:
+        if self.learning:
+            self.learning -= 1
             self.cap = max(self.cap, beyond)
-        self.released = self.calls > self.warmup and beyond > self.cap + self.SLACK
-        if not self.released:
+        if self.learning or beyond <= self.cap + self.SLACK:
             return {f"{self.prefix}heap_released_gib": 0.0}
         self.release()
+        self.learning = self.warmup
         return {f"{self.prefix}heap_released_gib": max(beyond - self._beyond_live(), 0) / 2**30}
 
 
