@@ -11,7 +11,7 @@ them, then a reload of the weights from the model's files (unless ``--no-reload`
 step one JSON line: the seconds its two segments of generation took and the live and free heap
 (``host_memory.heap_bytes``; tcmalloc's figures where it is preloaded). Set
 ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` to see what oneDNN's kernel cache holds (docs/scaling.md,
-"Host memory over 300 steps").
+"Host memory over a long run").
 
 ``--compare`` runs the varied job once per capacity of that cache in each of ``--rounds``
 rounds (the order turned by one each round, so that drift of the machine hits all alike), each
