@@ -130,11 +130,11 @@ class FreePageCap:
     "Host memory over a long run"): the cap watches the resident pages instead. After a release
     the cap is learnt again over the next ``warmup`` calls, as at the start (raised, never
     lowered): the steps after a release start from no free pages and take a few steps to hold
-    what a step needs now (the first of them held 180 MiB less than the second in a soak), so a
-    working set that grew for good is released once, not every other step (a release costs the
-    next step its page faults). ``warmup`` is MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the
-    cap off). Does nothing where tcmalloc is not
-    the allocator or /proc does not give ``RssAnon``."""
+    what a step needs now (in a soak the first ended with about 1,100 MiB free, the second
+    with about 1,270), so a working set that grew for good is released once, not every other
+    step (a release costs the next step its page faults). ``warmup`` is MEGATRON_RLEP_HEAP_CAP
+    (10 unless set; 0 turns the cap off). Does nothing where tcmalloc is not the allocator or
+    /proc does not give ``RssAnon``."""
 
     SLACK = 64 << 20  # growth let be: a release costs the next step its page faults
 

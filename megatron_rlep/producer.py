@@ -31,8 +31,8 @@ import torch.distributed as dist
 from megatron_rlep import placement
 from megatron_rlep.config import Config, RunError
 from megatron_rlep.data import Example
-from megatron_rlep.platform import is_rank0
 from megatron_rlep.metrics import mean_or_none
+from megatron_rlep.platform import is_rank0
 from megatron_rlep.groups import (Group, Sample, plan_group, replay_sample, rescue_replays,
                                   score_samples, without_unscored)
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
