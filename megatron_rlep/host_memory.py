@@ -119,22 +119,26 @@ def resident_anonymous() -> int | None:
 
 class FreePageCap:
     """Called once a step: when the process's resident pages beyond its live allocations
-    (``RssAnon`` less tcmalloc's live bytes) are more than ``SLACK`` above the most they were in
-    the first ``warmup`` calls, hands every page tcmalloc holds free back to the kernel
-    (``MallocExtension_ReleaseFreeMemory``), and reports what went (``{prefix}heap_released_gib``).
+    (``RssAnon`` less tcmalloc's live bytes) are more than ``SLACK`` above their mark, hands every
+    page tcmalloc holds free back to the kernel (``MallocExtension_ReleaseFreeMemory``), and
+    reports what went (``{prefix}heap_released_gib``).
 
     tcmalloc keeps the pages a step frees for the next step (which is why the trainer preloads
     it), and counts a page as held whether or not it was ever written; the kernel makes it
     resident only when written. So a step that writes, for the first time, pages held since the
-    warm-up grows the process by 100-190 MiB while tcmalloc's own figures stay put (docs/scaling.md,
-    "Host memory over a long run"): the cap watches the resident pages instead. After a release
-    the cap is learnt again over the next ``warmup`` calls, as at the start (raised, never
-    lowered): the steps after a release start from no free pages and take a few steps to hold
-    what a step needs now (in a soak the first ended with about 1,100 MiB free, the second
-    with about 1,270), so a working set that grew for good is released once, not every other
-    step (a release costs the next step its page faults). ``warmup`` is MEGATRON_RLEP_HEAP_CAP
-    (10 unless set; 0 turns the cap off). Does nothing where tcmalloc is not the allocator or
-    /proc does not give ``RssAnon``."""
+    warm-up grows the process while tcmalloc's own figures stay put (docs/scaling.md, "Host
+    memory over a long run"): the cap watches the resident pages instead. The mark is the most
+    of the ``warmup`` calls after a release (raised, never lowered), and the first release comes
+    at the end of the first ``warmup`` calls, whatever they held: steps that start from no free
+    pages write every page they take, so the mark is what a step needs with tcmalloc's free pages
+    all written, the memory a long run comes to. Without that first release, the asynchronous
+    soak's learner wrote 0.3 MiB a step of pages held since the warm-up for 150 steps, and a cap
+    set from those steps then released 1.2 GiB that the next steps faulted in again, and more.
+    Learning the mark over several calls, not from the one after a release, matters: the soak's
+    first step after a release ended with about 1,100 MiB free, the second with about 1,270, and
+    a mark from the first released every other step (a release costs the next step its page
+    faults). ``warmup`` is MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the cap off). Does
+    nothing where tcmalloc is not the allocator or /proc does not give ``RssAnon``."""
 
     SLACK = 64 << 20  # growth let be: a release costs the next step its page faults
 
@@ -146,6 +150,7 @@ class FreePageCap:
                              "or 0 to keep every free page")
         self.warmup, self.cap, self.prefix = int(setting), 0, prefix
         self.learning = self.warmup  # calls left that only raise the cap: the first, after a release
+        self.settled = False  # whether the first warm-up's release has come
         self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
         if self.release is not None:
             self.release.restype, self.release.argtypes = None, []
@@ -162,10 +167,11 @@ class FreePageCap:
         if self.learning:
             self.learning -= 1
             self.cap = max(self.cap, beyond)
-        if self.learning or beyond <= self.cap + self.SLACK:
+        settle = not self.learning and not self.settled  # the end of the first warm-up
+        if not settle and (self.learning or beyond <= self.cap + self.SLACK):
             return {f"{self.prefix}heap_released_gib": 0.0}
         self.release()
-        self.learning = self.warmup
+        self.learning, self.settled = self.warmup, True
         return {f"{self.prefix}heap_released_gib": max(beyond - self._beyond_live(), 0) / 2**30}
 
 

@@ -82,12 +82,13 @@ def test_metrics_name_each_figure_under_the_prefix():
     assert got["perf/rollout_host_memory_gib"] > 0.01
 
 
-# four steps, each freeing a block of the given MiB; the cap is set by the first two
+# six steps, each freeing a block of the given MiB; with MEGATRON_RLEP_HEAP_CAP=2 the second hands
+# every free page back and the third and fourth set the cap
 CAP = """
 import json
 from megatron_rlep.host_memory import FreePageCap, heap_bytes
 cap, seen = FreePageCap(), []
-for mib in (64, 64, 320, 64):
+for mib in (64, 64, 64, 64, 320, 64):
     block = bytearray(mib << 20)
     del block
     seen.append([cap().get("perf/heap_released_gib"), heap_bytes().get("free", 0) / 2**20])
@@ -95,8 +96,8 @@ print(json.dumps(seen))
 """
 
 
-# four steps, each freeing a 320 MiB block, written only in the third: tcmalloc counts the block's
-# pages as free from the first step on, the kernel makes them resident only in the third
+# six steps, each freeing a 320 MiB block, written only in the fifth: tcmalloc counts the block's
+# pages as free from the first step on, the kernel makes them resident only in the fifth
 UNWRITTEN = """
 import ctypes, json
 from megatron_rlep.host_memory import FreePageCap, heap_bytes, resident_anonymous
@@ -104,7 +105,7 @@ libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 cap, seen, size = FreePageCap(), [], 320 << 20
-for write in (False, False, True, False):
+for write in (False, False, False, False, True, False):
     block = libc.malloc(size)
     if write:
         ctypes.memset(block, 1, size)
@@ -141,34 +142,38 @@ def capped(env: dict, script: str = CAP, *args: str) -> list:
 
 
 def test_free_pages_above_the_warm_ups_most_go_back_to_the_kernel(tcmalloc):
-    warm, _, large, after = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "2"})
-    assert warm[0] == 0.0  # the warm-up only notes what it holds
+    warm, settle, *learn, large, after = capped({"LD_PRELOAD": tcmalloc,
+                                                 "MEGATRON_RLEP_HEAP_CAP": "2"})
+    assert warm[0] == 0.0  # the warm-up notes what it holds, and at its end ...
+    assert settle[0] * 1024 >= 48 and settle[1] <= 16  # ... hands every free page back once
+    assert [step[0] for step in learn] == [0.0, 0.0]  # the steps after it set the cap
     assert large[0] * 1024 >= 200  # the larger block's extra pages handed back ...
     assert large[1] <= warm[1] + 16  # ... down to the warm-up's free pages
     assert after == [0.0, pytest.approx(after[1])] and after[1] <= warm[1] + 16
     kept = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "0"})
-    assert [k[0] for k in kept] == [None] * 4 and kept[2][1] >= 300  # off: all kept
+    assert [k[0] for k in kept] == [None] * 6 and kept[4][1] >= 300  # off: all kept
 
 
 def test_pages_counted_free_but_first_written_after_the_warm_up_go_back_too(tcmalloc):
     """A step that first writes pages tcmalloc has held (and counted free) since the warm-up
     grows the process with tcmalloc's figures unchanged: the cap goes by the resident pages."""
-    warm, _, written, after = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "2"},
-                                     UNWRITTEN)
+    warm, _, _, learnt, written, after = capped({"LD_PRELOAD": tcmalloc,
+                                                 "MEGATRON_RLEP_HEAP_CAP": "2"}, UNWRITTEN)
     assert warm[0] == 0.0 and warm[1] >= 300  # counted free, never written
-    assert written[0] * 1024 >= 300  # written in the third step: handed back after it
+    assert learnt[0] == 0.0 and learnt[1] >= 300  # taken again after the release, not written
+    assert written[0] * 1024 >= 300  # written in the fifth step: handed back after it
     assert written[2] <= warm[2] + 16  # the process's resident pages back at the warm-up's
     assert after[0] == 0.0 and after[2] <= warm[2] + 16
 
 
 def test_a_working_set_that_grew_for_good_is_released_once_not_every_other_step(tcmalloc):
-    """Steps that need 320 MiB from the third on: the 320 MiB the third leaves go back, the
-    fourth writes them again, and what the fourth leaves, starting from no free pages, sets the
+    """Steps that need 320 MiB from the fifth on: the 320 MiB the fifth leaves go back, the
+    sixth writes them again, and what the sixth leaves, starting from no free pages, sets the
     cap: nothing goes back after it (a release each step would fault them in again each step)."""
     released = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "2"}, WRITTEN,
-                      "[64, 64, 320, 320, 320, 320]")
-    assert released[:2] == [0.0, 0.0] and released[2] * 1024 >= 200
-    assert released[3:] == [0.0, 0.0, 0.0]
+                      "[64, 64, 64, 64, 320, 320, 320, 320]")
+    assert released[2:4] == [0.0, 0.0] and released[4] * 1024 >= 200
+    assert released[5:] == [0.0, 0.0, 0.0]
 
 
 def test_steps_that_need_less_right_after_a_release_do_not_make_it_release_every_other_step(
@@ -177,13 +182,24 @@ def test_steps_that_need_less_right_after_a_release_do_not_make_it_release_every
     release: its first step held 180 MiB less than the second): the cap is learnt again over
     the steps after a release, so the pages go back once, not after every step of 320."""
     released = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "3"}, WRITTEN,
-                      "[64, 64, 64, 320, 200, 320, 200, 320, 200, 320, 200, 320, 200]")
-    assert released[:3] == [0.0] * 3 and released[3] * 1024 >= 200
-    assert released[4:] == [0.0] * 9  # the rule before: 320 MiB after every step of 320
+                      "[64, 64, 64, 64, 64, 64, 320, 200, 320, 200, 320, 200, 320, 200, 320, 200]")
+    assert released[3:6] == [0.0] * 3 and released[6] * 1024 >= 200
+    assert released[7:] == [0.0] * 9  # the rule before: 320 MiB after every step of 320
+
+
+def test_the_end_of_the_warm_up_hands_every_free_page_back_once(tcmalloc):
+    """Whatever the warm-up held: its steps may have left pages counted free but never written,
+    which later steps write for the first time, a few a step, for hundreds of steps (the
+    asynchronous soak); after one release every step writes what it takes, so the cap is
+    learnt from the memory a long run comes to."""
+    released = capped({"LD_PRELOAD": tcmalloc, "MEGATRON_RLEP_HEAP_CAP": "3"}, WRITTEN,
+                      "[64, 64, 64, 64, 64, 64, 64, 64, 64]")
+    assert released[:2] == [0.0, 0.0] and released[2] * 1024 >= 48
+    assert released[3:] == [0.0] * 6
 
 
 def test_the_cap_leaves_other_allocators_alone_and_names_a_bad_setting():
-    assert [s[0] for s in capped({})] == [None] * 4  # nothing preloaded: glibc's allocator
+    assert [s[0] for s in capped({})] == [None] * 6  # nothing preloaded: glibc's allocator
     done = subprocess.run([sys.executable, "-c", CAP], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "MEGATRON_RLEP_HEAP_CAP": "ten"},
                           cwd=Path(__file__).resolve().parent.parent)
