@@ -40,7 +40,7 @@ def helpers_die_with_me() -> None:
     os.register_at_fork(after_in_child=die_with_parent)
 
 
-ONEDNN_CACHE = "64"  # kernels oneDNN keeps on a CPU host (with_cpu_runtime)
+ONEDNN_CACHE = "64"  # kernels oneDNN and torch's cache of them keep on a CPU host (with_cpu_runtime)
 PRELOADED = "MEGATRON_RLEP_PRELOADED"  # set in the process run again: LD_PRELOAD as it was
 TCMALLOC_DIRS = ("lib", "/usr/lib/*-linux-gnu", "/lib/*-linux-gnu", "/usr/lib64", "/usr/lib")
 
@@ -96,7 +96,10 @@ def with_cpu_runtime() -> None:
     Beside them, oneDNN keeps at most ``ONEDNN_CACHE`` compiled kernels (unless
     ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set): its default, 1,024, fills over hundreds of steps
     with the rollout's new batch shapes and grew a rollout rank's heap by 0.3-1.8 MiB a step
-    (benchmarks/engine_heap.py, docs/scaling.md).
+    (benchmarks/engine_heap.py, docs/scaling.md). torch's own cache of oneDNN's matrix products
+    (ideep's, through which the actor's linear layers run on AMD CPUs, platform shim 13) keeps
+    as many (``LRU_CACHE_CAPACITY`` unless set; its default, 1,024, grew a learner's live heap
+    0.6 MiB a step, each new count of tokens in a micro-batch adding products).
 
     LD_PRELOAD is restored once the process runs again, so the processes it starts (scorers,
     sandboxed programs) inherit neither."""
@@ -104,6 +107,7 @@ def with_cpu_runtime() -> None:
 
     if cpu_host():
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE)
+        os.environ.setdefault("LRU_CACHE_CAPACITY", ONEDNN_CACHE)
     if PRELOADED in os.environ:  # the run again: this process has the libraries loaded
         before = os.environ.pop(PRELOADED)
         if before:

