@@ -9,13 +9,12 @@ updates a step, fp32, vLLM rollouts, a checkpoint at half way) with each variant
 ``--rounds`` times, alternating so drift of the machine hits all alike. Figures per variant:
 the median over its runs of each run's median step (steps after the first), the same for the
 rollout, update and weight-sync parts, the process's system (kernel) CPU seconds and the MiB a
-step ``host_memory.FreePageCap`` handed back; then the ratio of each variant's step to
+step ``host_memory.FreePageSettle`` handed back; then the ratio of each variant's step to
 the first's. Every run keeps Intel's OpenMP, as the trainer does. The variants:
 
-- ``tcmalloc``: every free page kept (MEGATRON_RLEP_HEAP_CAP=0);
-- ``tcmalloc-cap1``: every free page handed back after a later step whose resident pages beyond
-  the live ones pass the first step's by 64 MiB (MEGATRON_RLEP_HEAP_CAP=1, the cap at its
-  tightest; the trainer's default takes 10 steps);
+- ``tcmalloc``: every free page kept (MEGATRON_RLEP_HEAP_SETTLE=0);
+- ``tcmalloc-settle1``: every free page handed back once, after the first step
+  (MEGATRON_RLEP_HEAP_SETTLE=1; the trainer's default waits 10 steps);
 - ``glibc``: glibc's allocator (MEGATRON_RLEP_MALLOC=glibc).
 """
 
@@ -37,8 +36,9 @@ from peer_trl import ROOT, ours_overrides  # noqa: E402
 
 PARTS = {"step_s": "time/step_s", "rollout_s": "time/rollout_s", "update_s": "time/update_s",
          "sync_s": "time/sync_s"}
-VARIANTS = {"tcmalloc": {"MEGATRON_RLEP_MALLOC": "tcmalloc", "MEGATRON_RLEP_HEAP_CAP": "0"},
-            "tcmalloc-cap1": {"MEGATRON_RLEP_MALLOC": "tcmalloc", "MEGATRON_RLEP_HEAP_CAP": "1"},
+VARIANTS = {"tcmalloc": {"MEGATRON_RLEP_MALLOC": "tcmalloc", "MEGATRON_RLEP_HEAP_SETTLE": "0"},
+            "tcmalloc-settle1": {"MEGATRON_RLEP_MALLOC": "tcmalloc",
+                                 "MEGATRON_RLEP_HEAP_SETTLE": "1"},
             "glibc": {"MEGATRON_RLEP_MALLOC": "glibc"}}
 
 

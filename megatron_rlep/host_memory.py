@@ -2,8 +2,8 @@
 (``tree_bytes``) and how much of its own allocator's heap is in live allocations and how much
 is held free for later (``heap_bytes``). The second tells a leak (live bytes that grow) from an
 allocator keeping the high-water mark of its largest step (free bytes that grow once, then
-stay). ``FreePageCap`` keeps the resident pages beyond the live ones from growing past what the
-first steps needed."""
+stay). ``FreePageSettle`` brings the process to the memory a long run holds after its first
+steps, where it stays."""
 
 from __future__ import annotations
 
@@ -117,62 +117,48 @@ def resident_anonymous() -> int | None:
     return None
 
 
-class FreePageCap:
-    """Called once a step: when the process's resident pages beyond its live allocations
-    (``RssAnon`` less tcmalloc's live bytes) are more than ``SLACK`` above their mark, hands every
-    page tcmalloc holds free back to the kernel (``MallocExtension_ReleaseFreeMemory``), and
-    reports what went (``{prefix}heap_released_gib``).
+class FreePageSettle:
+    """Called once a step: after the ``warmup``-th call, hands every page tcmalloc holds free back
+    to the kernel, once (``MallocExtension_ReleaseFreeMemory``), and reports what went
+    (``{prefix}heap_released_gib``, 0 at every other call).
 
     tcmalloc keeps the pages a step frees for the next step (which is why the trainer preloads
     it), and counts a page as held whether or not it was ever written; the kernel makes it
-    resident only when written. So a step that writes, for the first time, pages held since the
-    warm-up grows the process while tcmalloc's own figures stay put (docs/scaling.md, "Host
-    memory over a long run"): the cap watches the resident pages instead. The mark is the most
-    of the ``warmup`` calls after a release (raised, never lowered), and the first release comes
-    at the end of the first ``warmup`` calls, whatever they held: steps that start from no free
-    pages write every page they take, so the mark is what a step needs with tcmalloc's free pages
-    all written, the memory a long run comes to. Without that first release, the asynchronous
-    soak's learner wrote 0.3 MiB a step of pages held since the warm-up for 150 steps, and a cap
-    set from those steps then released 1.2 GiB that the next steps faulted in again, and more.
-    Learning the mark over several calls, not from the one after a release, matters: the soak's
-    first step after a release ended with about 1,100 MiB free, the second with about 1,270, and
-    a mark from the first released every other step (a release costs the next step its page
-    faults). ``warmup`` is MEGATRON_RLEP_HEAP_CAP (10 unless set; 0 turns the cap off). Does
+    resident only when written. Without the release, steps wrote pages held since the warm-up a
+    few at a time for hundreds of steps (the asynchronous soak's learner: 0.3 MiB a step for 170
+    steps, docs/scaling.md, "Host memory over a long run"). After it, steps start from no free
+    pages and write every page they take: the process comes at once to the memory a long run
+    holds (that learner: flat from the step after). Once only: every later release measured
+    was followed by more memory than before it (the learner, +135 MiB; a rollout rank, +53 and
+    +86), the steps after it writing pages of the free pool that had stayed unwritten.
+    ``warmup`` is MEGATRON_RLEP_HEAP_SETTLE (10 unless set; 0 keeps every free page). Does
     nothing where tcmalloc is not the allocator or /proc does not give ``RssAnon``."""
 
-    SLACK = 64 << 20  # growth let be: a release costs the next step its page faults
-
     def __init__(self, prefix: str = "perf/"):
-        setting = os.environ.get("MEGATRON_RLEP_HEAP_CAP", "10")
+        setting = os.environ.get("MEGATRON_RLEP_HEAP_SETTLE", "10")
         if not setting.isdigit():
-            raise ValueError(f"MEGATRON_RLEP_HEAP_CAP={setting!r} is not a number of steps: set "
-                             "it to the steps whose resident pages set the cap (10 unless set) "
-                             "or 0 to keep every free page")
-        self.warmup, self.cap, self.prefix = int(setting), 0, prefix
-        self.learning = self.warmup  # calls left that only raise the cap: the first, after a release
-        self.settled = False  # whether the first warm-up's release has come
+            raise ValueError(f"MEGATRON_RLEP_HEAP_SETTLE={setting!r} is not a number of steps: "
+                             "set it to the steps after which tcmalloc's free pages go back "
+                             "once (10 unless set) or 0 to keep every free page")
+        self.left, self.prefix = int(setting), prefix  # calls before the release; 0: done or off
         self.release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
         if self.release is not None:
             self.release.restype, self.release.argtypes = None, []
         if resident_anonymous() is None:
             self.release = None
-
-    def _beyond_live(self) -> int:
-        return resident_anonymous() - heap_bytes()["in_use"]
+        self.on = self.release is not None and self.left > 0
 
     def __call__(self) -> dict[str, float]:
-        if self.release is None or not self.warmup:
+        if not self.on:
             return {}
-        beyond = self._beyond_live()
-        if self.learning:
-            self.learning -= 1
-            self.cap = max(self.cap, beyond)
-        settle = not self.learning and not self.settled  # the end of the first warm-up
-        if not settle and (self.learning or beyond <= self.cap + self.SLACK):
-            return {f"{self.prefix}heap_released_gib": 0.0}
-        self.release()
-        self.learning, self.settled = self.warmup, True
-        return {f"{self.prefix}heap_released_gib": max(beyond - self._beyond_live(), 0) / 2**30}
+        released = 0
+        if self.left:
+            self.left -= 1
+            if not self.left:
+                before = resident_anonymous()
+                self.release()
+                released = max(before - resident_anonymous(), 0)
+        return {f"{self.prefix}heap_released_gib": released / 2**30}
 
 
 def metrics(prefix: str = "perf/") -> dict[str, float]:

@@ -429,8 +429,8 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
         version, base = 0, (cfg.seed * 100003 + 7 + index // r.tensor_parallel) * 1009
         idle = 0.0  # seconds without work or loading weights since the last report
         # host_memory.metrics once the engine is up and after each load of weights (tcmalloc's
-        # free pages capped then): sent with the next finished flights
-        free_page_cap = host_memory.FreePageCap("perf/rollout_")
+        # free pages settled after the first ones): sent with the next finished flights
+        settle_pages = host_memory.FreePageSettle("perf/rollout_")
         memory = host_memory.metrics("perf/rollout_") if report else {}
         while True:
             if not stream.pending() or bridge.ready(0):
@@ -449,7 +449,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                     version = message[1]
                     engine.load_weights(bridge.receive_buckets(r.timeout_s),
                                         keep_cache=r.partial_kv == "keep")
-                    released = free_page_cap()
+                    released = settle_pages()
                     memory = {**released, **host_memory.metrics("perf/rollout_")} \
                         if report else {}
                 if kind in ("work", "weights"):

@@ -334,7 +334,7 @@ class Trainer:
             rundir.say_disk(self.run_dir, self.checkpoints.disk, cfg.logging.keep_checkpoints)
         monitor, producer = self.monitor, self.producer
         monitor.start(a.total_steps, self.step)
-        free_page_cap = host_memory.FreePageCap()
+        settle_pages = host_memory.FreePageSettle()
         if producer.pool is not None:
             monitor.artifact(a.pool, "experience-pool", "pool", reference=True)
         every = cfg.logging.eval_every
@@ -382,7 +382,7 @@ class Trainer:
                 if producer.pool is not None:
                     metrics.update(producer.replay_metrics(groups, step))
                 metrics["time/step_s"] = time.perf_counter() - t0
-                metrics.update(free_page_cap())
+                metrics.update(settle_pages())
                 metrics.update(_memory_metrics())
                 if cfg.logging.dump_batches:  # every rank's own: they must agree
                     rank = f"rank-{dist.get_rank()}/" if not is_rank0() else ""
