@@ -28,7 +28,9 @@ added by DDP's hook). With ``--swiglu`` it times the step with the CPU's two-pas
 (platform shim 12, the CPU default) against Megatron-Core's own. With ``--onednn`` it times the
 step with the linear layers' products by oneDNN (platform shim 13, on by default on a CPU not
 Intel's) against Megatron-Core's own function (MKL), and reports the largest difference of the
-weights the two give from the same start.
+weights the two give from the same start. With ``--chunk C`` it times the step with the response
+rows through the output layer and the softmax C at a time (``parallel.logprob_chunk_tokens``,
+each chunk recomputed in backward) against all at once.
 """
 
 from __future__ import annotations
@@ -191,6 +193,8 @@ def main():
     parser.add_argument("--share-prompts", type=int, default=None, metavar="G",
                         help="groups of G sequences share a prompt: the step with "
                              "parallel.share_prompts against without")
+    parser.add_argument("--chunk", type=int, default=None, metavar="C",
+                        help="the step with parallel.logprob_chunk_tokens=C against 0")
     args = parser.parse_args()
 
     from megatron.core.fusions import fused_bias_swiglu
@@ -221,7 +225,13 @@ def main():
         actor.share_prompts = on
         return actor.train_step(batch)
 
-    if args.fused_adam:
+    def chunked(rows):
+        actor.logprob_chunk_tokens = rows
+        return actor.train_step(batch)
+
+    if args.chunk:
+        steps = ((f"chunk_{args.chunk}", lambda: chunked(args.chunk)), ("whole", lambda: chunked(0)))
+    elif args.fused_adam:
         steps = (("fused_adam", lambda: adam(actor, batch, True)),
                  ("default_adam", lambda: adam(actor, batch, False)))
     elif args.wgrad_fusion:
@@ -271,6 +281,9 @@ def main():
     (a, _), (b, _) = steps
     result[f"ratio_{a}_over_{b}"] = result[a]["tokens_per_s"] / result[b]["tokens_per_s"]
     result[f"seconds_{a}_over_{b}"] = result[a]["median_s"] / result[b]["median_s"]
+    rounds = sorted(x / y for x, y in zip(times[a], times[b]))  # the two alternate: one pair a round
+    result[f"seconds_{a}_over_{b}_rounds"] = {"min": rounds[0], "median": statistics.median(rounds),
+                                              "max": rounds[-1]}
     flops = step_flops(actor.hf_config, args.sequences, args.prompt, args.response,
                        args.micro_batch_size, args.share_prompts or 1)
     peak = peak_flops()
@@ -279,7 +292,7 @@ def main():
                        "gflop_per_s": flops / result[first_megatron]["median_s"] / 1e9,
                        "peak_gflop_per_s": peak / 1e9,
                        "share_of_peak": flops / result[first_megatron]["median_s"] / peak}
-    if args.fused_adam or args.onednn:
+    if args.fused_adam or args.onednn or args.chunk:
         result["weights_max_difference"] = weights_after(actor, steps)
     result["batch"] = {"sequences": args.sequences, "prompt": args.prompt,
                        "response": args.response, "micro_batch_size": args.micro_batch_size,
