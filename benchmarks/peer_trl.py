@@ -129,8 +129,12 @@ LONG_PROMPT = ({"role": "system", "content": "Solve the problem step by step, sh
 # users' jobs, one round of 3 steps (python benchmarks/peer_trl.py --steps 3 --eval-at 3 ...)
 DIFFERENCES = [
     ("gradient checkpointing", "off on both: TRL's GRPOConfig defaults it to True "
-     "(trl/trainer/base_config.py), set False here (TRL_TUNED); this trainer recomputes nothing "
-     "(parallel.recompute=none, parallel.logprob_chunk_tokens=0)", "neither. Before 2026-11-27 "
+     "(trl/trainer/base_config.py), set False here (TRL_TUNED); this trainer recomputes only its "
+     "output layer and softmax, 64 answer tokens at a time (parallel.recompute=none, "
+     "parallel.logprob_chunk_tokens=64: the CPU jobs' setting since 2026-11-29, which keeps "
+     "their host memory flat over long runs)", "TRL: an update of this trainer 1.11x as long "
+     "(benchmarks/actor_step.py --chunk 64; the runs recorded before 2026-11-29 ran with 0). "
+     "Before 2026-11-27 "
      "TRL recomputed every forward and had an unfused AdamW (mode trl-untuned): measured here "
      "155.3 s a step against 129.2 s (the part after generation 127.5 s against 102.4 s), peak "
      "memory 3.78 GiB against 5.24"),

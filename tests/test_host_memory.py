@@ -8,9 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from speed import scaled
 
 from megatron_rlep import host_memory
 from megatron_rlep.cli import cpu_runtime_libraries
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+from launch import env  # noqa: E402
 
 # 384 MiB allocated and touched, then freed; the heap read at each point
 HEAP = """
@@ -144,3 +148,46 @@ def test_a_bad_setting_is_named():
                           env={"PATH": "/usr/bin:/bin", "MEGATRON_RLEP_HEAP_SETTLE": "ten"},
                           cwd=Path(__file__).resolve().parent.parent)
     assert "MEGATRON_RLEP_HEAP_SETTLE='ten' is not a number of steps" in done.stderr
+
+
+# the heap (live and free bytes, MiB) after each update of a tiny model with SmolLM2's vocabulary
+# on answers longer every step: 8 sequences of 8 to 64 response tokens (argv: model, chunk)
+LONGER = """
+import sys
+sys.path.insert(0, "tests/helpers")
+import torch
+from tiny import make_model
+from megatron_rlep.actor.actor import Actor
+from megatron_rlep.actor.batch import SequenceBatch
+from megatron_rlep.config import AlgorithmConfig
+from megatron_rlep.host_memory import heap_bytes
+actor = Actor(str(make_model(sys.argv[1], "llama")), AlgorithmConfig(lr=0.0), micro_batch_size=8,
+              logprob_chunk_tokens=int(sys.argv[2]))
+for length in range(8, 72, 8):
+    tokens = [[1, 2, 3, 4] + [5 + (i + j) % 50 for j in range(length)] for i in range(8)]
+    actor.train_step(SequenceBatch(tokens, [4] * 8, advantages=torch.linspace(-1, 1, 8)))
+    heap = heap_bytes()
+    print("HEAP", (heap["in_use"] + heap["free"]) >> 20)
+"""
+
+
+def test_log_probs_in_chunks_keep_the_heap_from_growing_with_the_longest_micro_batch(tcmalloc,
+                                                                                      tmp_path):
+    """An update's largest tensors are its [response tokens x vocabulary] logits and their
+    softmax; a micro-batch with more response tokens than any before takes new pages for them,
+    which tcmalloc then keeps (the synchronous soak's jumps of about 110 MiB). With
+    ``parallel.logprob_chunk_tokens`` (32 here) they come that many rows at a time, so the longer
+    micro-batches grow the heap by a fraction of it (measured: 432 MiB without, 72 with, over
+    448 more rows)."""
+    grown = []
+    for chunk in (0, 32):
+        done = subprocess.run([sys.executable, "-c", LONGER, str(tmp_path / "m"), str(chunk)],
+                              capture_output=True, text=True, timeout=scaled(600),
+                              env={**env(), "LD_PRELOAD": tcmalloc},
+                              cwd=Path(__file__).resolve().parent.parent)
+        assert done.returncode == 0, done.stderr[-3000:]
+        heap = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("HEAP")]
+        grown.append(heap[-1] - heap[0])
+    whole, chunked = grown
+    assert whole >= 250, grown  # 448 more rows: 84 MiB for each [rows x 49,152] fp32 tensor
+    assert chunked <= whole / 4, grown

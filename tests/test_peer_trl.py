@@ -129,9 +129,10 @@ def test_the_two_trainers_are_configured_alike(tmp_path, job, precision):
     trl = peer_trl.trl_config(args, tmp_path / "trl")
     ours = compose(peer_trl.ours_overrides(args, tmp_path / "ours", "ours"))
     a = ours.algorithm
-    # gradient checkpointing off on both: TRL's own default is on (trl/trainer/base_config.py)
+    # gradient checkpointing off on both: TRL's own default is on (trl/trainer/base_config.py);
+    # this trainer recomputes only its output layer, 64 answer tokens at a time (the CPU jobs')
     assert trl.gradient_checkpointing is False
-    assert ours.parallel.recompute == "none" and ours.parallel.logprob_chunk_tokens == 0
+    assert ours.parallel.recompute == "none" and ours.parallel.logprob_chunk_tokens == 64
     # the same optimizer steps per RL step, group size and prompts a step
     assert trl.steps_per_generation * trl.num_iterations // trl.gradient_accumulation_steps == \
         a.prompts_per_rollout // a.prompts_per_update * a.epochs == 2
