@@ -15,6 +15,7 @@ from megatron_rlep.cli import cpu_runtime_libraries
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from launch import env  # noqa: E402
+from tiny import make_model  # noqa: E402
 
 # 384 MiB allocated and touched, then freed; the heap read at each point
 HEAP = """
@@ -154,14 +155,12 @@ def test_a_bad_setting_is_named():
 # on answers longer every step: 8 sequences of 8 to 64 response tokens (argv: model, chunk)
 LONGER = """
 import sys
-sys.path.insert(0, "tests/helpers")
 import torch
-from tiny import make_model
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.config import AlgorithmConfig
 from megatron_rlep.host_memory import heap_bytes
-actor = Actor(str(make_model(sys.argv[1], "llama")), AlgorithmConfig(lr=0.0), micro_batch_size=8,
+actor = Actor(sys.argv[1], AlgorithmConfig(lr=0.0), micro_batch_size=8,
               logprob_chunk_tokens=int(sys.argv[2]))
 for length in range(8, 72, 8):
     tokens = [[1, 2, 3, 4] + [5 + (i + j) % 50 for j in range(length)] for i in range(8)]
@@ -179,9 +178,9 @@ def test_log_probs_in_chunks_keep_the_heap_from_growing_with_the_longest_micro_b
     ``parallel.logprob_chunk_tokens`` (32 here) they come that many rows at a time, so the longer
     micro-batches grow the heap by a fraction of it (measured: 432 MiB without, 72 with, over
     448 more rows)."""
-    grown = []
+    model, grown = make_model(tmp_path / "m", "llama"), []
     for chunk in (0, 32):
-        done = subprocess.run([sys.executable, "-c", LONGER, str(tmp_path / "m"), str(chunk)],
+        done = subprocess.run([sys.executable, "-c", LONGER, str(model), str(chunk)],
                               capture_output=True, text=True, timeout=scaled(600),
                               env={**env(), "LD_PRELOAD": tcmalloc},
                               cwd=Path(__file__).resolve().parent.parent)
