@@ -4,6 +4,8 @@ setup(
     name="megatron_rlep",
     version="0.1.0",
     description="RLEP (RL with experience replay) for LLM reasoning on Megatron-Core",
+    license="Apache-2.0",
+    classifiers=["License :: OSI Approved :: Apache Software License"],
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["megatron_rlep", "megatron_rlep.*"]),
     install_requires=[
