@@ -304,7 +304,8 @@ def trl_prompts(args) -> list:
     train, _ = job_data(args)
     examples = load_examples(train, "train", **loader_kwargs(train, j["levels"], j["train_size"],
                                                              args.seed))
-    return PromptStream(examples, args.seed).take(args.steps * args.prompts)
+    stream = PromptStream(examples, args.seed)
+    return [stream.at(p) for p in stream.take(args.steps * args.prompts)]
 
 
 def trl_config(args, out: Path, mode: str = "trl"):

@@ -66,8 +66,14 @@ class ReplayConfig:
 @dataclass
 class CorrectionConfig:
     """Off-policy correction (megatron_rlep/correction.py; verl's rollout_correction names)."""
-    is_level: Optional[str] = None  # null | token | sequence [rollout_is]
+    # auto | null | token | sequence [rollout_is]; auto: token under asynchronous rollout
+    # (algorithm.max_staleness > 0: AReaL's decoupled loss), null otherwise
+    is_level: Optional[str] = "auto"
     is_threshold: float = 2.0  # truncation C of the weights [rollout_is_threshold]
+    is_mode: str = "truncate"  # above C: truncate the weight to C | mask: drop the token (AReaL)
+    # the groups' mean and spread: plain | weighted (fresh answers weighted by their sequence
+    # ratio pi_old / pi_behaviour within [1/C, C]: the baseline of the policy being trained)
+    baseline: str = "plain"
     rs_level: Optional[str] = None  # null | token | sequence | geometric [rollout_rs]
     rs_threshold: Optional[float] = None  # upper bound; null: is_threshold [rollout_rs_threshold]
     rs_threshold_lower: Optional[float] = None  # null: 1 / upper [rollout_rs_threshold_lower]
@@ -330,6 +336,9 @@ class DemoConfig:
     replay_per_prompt: int = 2  # M of the RLEP run; the baseline has 0
     seed: int = 1  # both runs, the pool and the evaluation
     out: str = "runs/demo"
+    # a finished pool directory for RLEP to replay instead of the one built from this demo's
+    # baseline (no pool stage): arms of a study that share one pool (docs/demo_runs.md)
+    pool: Optional[str] = None
     pool_samples: int = 6  # answers sampled per training question for the pool
     pool_temperature: float = 0.7
     pool_top_p: float = 0.95
@@ -376,7 +385,9 @@ _CHOICES = {
     "algorithm.name": ("grpo", "dapo", "rlep"),
     "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "algorithm.replay.strategy": ("uniform", "rescue", "priority", "recent"),
-    "algorithm.correction.is_level": ("token", "sequence"),
+    "algorithm.correction.is_level": ("auto", "token", "sequence"),
+    "algorithm.correction.is_mode": ("truncate", "mask"),
+    "algorithm.correction.baseline": ("plain", "weighted"),
     "algorithm.correction.rs_level": ("token", "sequence", "geometric"),
     "algorithm.correction.replay": ("on_policy", "stored", "down_weight"),
     "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
@@ -437,7 +448,12 @@ def _get(cfg: Config, dotted: str) -> Any:
 
 
 def _check_values(cfg) -> None:
-    """Check every listed key the schema of ``cfg`` has (unset optional keys are skipped)."""
+    """Check every listed key the schema of ``cfg`` has (unset optional keys are skipped), and
+    resolve ``algorithm.correction.is_level=auto``."""
+    if isinstance(cfg, Config) and cfg.algorithm.correction.is_level == "auto":
+        # under asynchronous rollout AReaL's decoupled loss (megatron_rlep/correction.py)
+        a = cfg.algorithm  # (old_logp=rollout under staleness is refused below)
+        a.correction.is_level = "token" if a.max_staleness and a.old_logp == "actor" else None
     def value_of(key):
         try:
             return _get(cfg, key)

@@ -77,7 +77,12 @@ def training_overrides(cfg: DemoConfig, extra: list[str], run: str, out: Path,
     if run == "matched":
         return shared + ["algorithm.replay_per_prompt=0", f"algorithm.rollouts_per_prompt={group}"]
     return shared + ["algorithm.name=rlep", f"algorithm.replay_per_prompt={cfg.replay_per_prompt}",
-                     f"algorithm.pool={out / 'pool'}"]
+                     f"algorithm.pool={pool_dir(cfg, out)}"]
+
+
+def pool_dir(cfg: DemoConfig, out: Path) -> Path:
+    """The pool RLEP replays: the demo's own (built from its baseline) or ``pool``."""
+    return Path(cfg.pool).resolve() if cfg.pool else out / "pool"
 
 
 def preset(cfg: DemoConfig) -> str:
@@ -164,11 +169,13 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
 
     matched = [training("matched", f"compute-matched DAPO, G={group + cfg.replay_per_prompt} "
                         f"fresh rollouts, {steps} steps")] if cfg.compare == "matched" else []
-    return [
-        training("baseline", f"DAPO baseline, M=0, {steps} steps"),
+    build = [] if cfg.pool else [
         Stage("pool", f"experience pool, {cfg.pool_samples} samples per training question",
               pool_argv, math.ceil(n_train / POOL_SHARD), "shard",
-              lambda: len(list((out / "pool").glob("shard-*.json")))),
+              lambda: len(list((out / "pool").glob("shard-*.json"))))]
+    return [
+        training("baseline", f"DAPO baseline, M=0, {steps} steps"),
+        *build,
         training("rlep", f"RLEP from the base model, M={cfg.replay_per_prompt}, {steps} steps"),
         *matched,
         *(Stage(f"eval-{run}", f"evaluation of the {run} policy, {cfg.eval_samples} samples "
@@ -294,7 +301,7 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
 
     drawn = draw("baseline", "rlep", "curves.png")
     curves, compared = dict(drawn["runs"]), drawn["paired"]
-    pool = json.loads(_tool([py, str(ROOT / "tools" / "pool.py"), "stats", str(out / "pool"),
+    pool = json.loads(_tool([py, str(ROOT / "tools" / "pool.py"), "stats", str(pool_dir(cfg, out)),
                              "--json", "--plot", str(out / "pool.png")], logs / "report.log"))
     matched = None
     if cfg.compare == "matched":
@@ -460,11 +467,16 @@ def run(cfg: DemoConfig, extra: list[str]) -> dict:
     """The five stages (those not done before), then the report."""
     out = Path(cfg.out).resolve()
     train = compose(training_overrides(cfg, extra, "rlep", out))  # checks preset and overrides
+    if cfg.pool and not (pool_dir(cfg, out) / "manifest.json").is_file():
+        raise ConfigError(f"demo key pool={cfg.pool} is not a finished pool directory (it has no "
+                          "manifest.json); give the pool/ of a finished demo, or leave pool "
+                          "unset to build one from this demo's baseline")
     out.mkdir(parents=True, exist_ok=True)
-    # compare adds stages without changing the others: a demo may be rerun with it
+    # compare adds stages without changing the others: a demo may be rerun with it; task and
+    # pool at their defaults are left out, as demos before those keys pinned them
     settings = {k: v for k, v in asdict(cfg).items()
                 if k not in ("out", "progress", "wandb", "compare")
-                and (k, v) != ("task", "arithmetic")}  # as demos before the key pinned it
+                and (k, v) not in (("task", "arithmetic"), ("pool", None))}
     jobs.pin_settings(out / "demo.json", {**settings, "train_overrides": extra}, rank=0)
     stages = plan(cfg, extra, train, out)
     record = out / "stages.json"

@@ -140,11 +140,15 @@ def without_unscored(groups: list[Group]) -> int:
     return dropped
 
 
-def assign_advantages(groups: list[Group], normalize_std: bool = True) -> None:
+def assign_advantages(groups: list[Group], normalize_std: bool = True,
+                      weights: Optional[list[float]] = None) -> None:
+    """Each sample's advantage over its group (``loss.group_advantages``); ``weights``, one
+    per sample in order, weigh the groups' means and spreads."""
     rewards = torch.tensor([r for g in groups for r in g.rewards])
     ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
     if not len(rewards):
         return
-    advantages = group_advantages(rewards, ids, normalize_std).tolist()
+    advantages = group_advantages(rewards, ids, normalize_std, weights=None if weights is None
+                                  else torch.tensor(weights)).tolist()
     for s, a in zip((s for g in groups for s in g.samples), advantages):
         s.advantage = a

@@ -17,21 +17,27 @@ import torch
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool = True,
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sequence advantages normalised within groups.
 
     ``rewards[i]`` is sequence i's scalar reward and ``groups[i]`` its prompt's group id.
     The std is the unbiased (Bessel-corrected) one, as in the reference's GRPO estimator.
-    A group of one sequence carries no comparison and gets advantage 0.
+    A group of one sequence carries no comparison and gets advantage 0. With ``weights`` the
+    group's mean and variance are weighted (sum_i w_i x_i / sum_i w_i; the variance's Bessel
+    factor n / (n - 1) kept), which all weights 1 leave as they are.
     """
     rewards = rewards.double()
+    w = torch.ones_like(rewards) if weights is None else weights.double()
     _, index = torch.unique(groups, return_inverse=True)
-    n = torch.zeros(int(index.max()) + 1, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
-    mean = torch.zeros_like(n).index_add_(0, index, rewards) / n
+    size = int(index.max()) + 1
+    n = torch.zeros(size, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
+    total = torch.zeros(size, dtype=torch.float64).index_add_(0, index, w)
+    mean = torch.zeros_like(n).index_add_(0, index, w * rewards) / total
     centred = rewards - mean[index]
     if not normalize_std:
         return torch.where(n[index] > 1, centred, 0.0).float()
-    var = torch.zeros_like(n).index_add_(0, index, centred**2) / (n - 1).clamp(min=1)
+    var = torch.zeros_like(n).index_add_(0, index, w * centred**2) / total * n / \
+        (n - 1).clamp(min=1)
     advantages = centred / (var.sqrt()[index] + eps)
     return torch.where(n[index] > 1, advantages, 0.0).float()
 

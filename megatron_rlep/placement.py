@@ -426,7 +426,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
 
         stream = RolloutStream(generate, r.segment_tokens if r.partial else r.max_response_length,
                                r.max_response_length, a.max_staleness)
-        version, base = 0, (cfg.seed * 100003 + 7 + index // r.tensor_parallel) * 1009
+        version = 0
         idle = 0.0  # seconds without work or loading weights since the last report
         # host_memory.metrics once the engine is up and after each load of weights (tcmalloc's
         # free pages settled after the first ones): sent with the next finished flights
@@ -467,7 +467,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                     if report:
                         bridge.send(0, ("probed", engine.sequence_logprobs(message[1])))
                 continue
-            stream.advance(version, base)
+            stream.advance(version, cfg.seed)
             landed = stream.take(len(stream.flights), version)
             if landed and report:
                 bridge.send(0, ("landed", [(f.position, [(a.token_ids, a.logprobs, a.versions,

@@ -93,6 +93,21 @@ class ExperiencePool:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def sampling(self) -> set[tuple[float, float]]:
+        """The (temperature, top-p) pairs under which the answers with recorded log-probs were
+        sampled: a built pool's manifest says it for all (tools/build_pool.py's at its top, a
+        pool written from rows in its origin), a live pool's answers each."""
+        manifest = Path(self.source) / MANIFEST
+        meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        built = meta.get("sampling") or meta.get("origin", {}).get("sampling") or {}
+        out = set()
+        for answers in self.entries.values():
+            for a in answers:
+                if a.logprobs:
+                    how = json.loads(a.provenance) if a.provenance else built
+                    out.add((how.get("temperature"), how.get("top_p")))
+        return out
+
     def coverage(self, examples: list[Example]) -> float:
         """The share of ``examples`` (the training questions) that have answers in the pool."""
         return sum(question_key(e) in self.entries for e in examples) / max(len(examples), 1)

@@ -37,7 +37,7 @@ from megatron_rlep.groups import (Group, Sample, plan_group, replay_sample, resc
                                   score_samples, without_unscored)
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
-from megatron_rlep.rollout import encode_prompt, generate_sharded
+from megatron_rlep.rollout import answer_seed, encode_prompt, generate_sharded
 from megatron_rlep.rollout.stream import Flight, RolloutStream
 
 
@@ -50,10 +50,10 @@ class PromptStream:
             raise ValueError("the training set is empty; check data.train")
         self.examples, self.seed, self.cursor = examples, seed, cursor
 
-    def take(self, n: int) -> list[Example]:
-        out = [self.at(self.cursor + i) for i in range(n)]
+    def take(self, n: int) -> range:
+        """The next ``n`` positions, handed out."""
         self.cursor += n
-        return out
+        return range(self.cursor - n, self.cursor)
 
     def at(self, position: int) -> Example:
         """The example at ``position`` of the stream (a pure function of the seed)."""
@@ -77,6 +77,8 @@ def load_pool(cfg: Config, scorer, train_set: list[Example]) -> ExperiencePool |
             "kept (algorithm.pool_drop_rejected=true drops them)"
         print(f"warning: experience pool {a.pool}: {pool.rejected} answers are rejected by "
               f"the {cfg.verifier.mode} verifier and are {fate}", flush=True)
+    if a.correction.replay == "stored":
+        check_stored_sampling(pool, cfg.rollout)
     coverage = pool.coverage(train_set)
     if is_rank0():
         print(f"experience pool {a.pool}: {len(pool)} questions, "
@@ -89,6 +91,27 @@ def load_pool(cfg: Config, scorer, train_set: list[Example]) -> ExperiencePool |
                        "build the pool from this run's training data (data.train) or lower "
                        "algorithm.pool_min_coverage")
     return pool
+
+
+def check_stored_sampling(pool: ExperiencePool, rollout) -> None:
+    """``correction.replay=stored`` compares a replay's recorded log-probs with the actor's at
+    the run's sampling settings: a pool sampled under others is refused in one sentence."""
+    wanted = (rollout.temperature, rollout.top_p)
+    for temperature, top_p in sorted(pool.sampling() - {wanted}, key=str):
+        if temperature is None:
+            raise RunError(f"algorithm.correction.replay=stored compares the pool's recorded "
+                           f"log-probs with this run's, but pool {pool.source} does not say the "
+                           f"temperature and top-p it sampled at (its manifest has no sampling): "
+                           f"rebuild it with tools/build_pool.py at temperature="
+                           f"{rollout.temperature} top_p={rollout.top_p}, or use "
+                           "algorithm.correction.replay=on_policy")
+        raise RunError(f"algorithm.correction.replay=stored compares the pool's recorded "
+                       f"log-probs with this run's, but pool {pool.source} was sampled at "
+                       f"temperature {temperature} (top-p {top_p}) and this run samples at "
+                       f"rollout.temperature={rollout.temperature} (rollout.top_p="
+                       f"{rollout.top_p}): the two are of different distributions; rebuild the "
+                       f"pool with temperature={rollout.temperature} top_p={rollout.top_p} or "
+                       "use algorithm.correction.replay=on_policy")
 
 
 class Producer:
@@ -118,7 +141,6 @@ class Producer:
         out = {"cursor": self.prompts.cursor, "pass_rates": self.pass_rates.state()}
         if self.stream is not None:  # what was in flight is sampled again on resume
             out["in_flight"] = [f.position for f in self.stream.flights]
-            out["stream_calls"] = self.stream.calls
         return out
 
     def restore(self, extra: dict) -> list[int]:
@@ -126,33 +148,33 @@ class Producer:
         ``dispatch_again`` once the engines hold the checkpoint's weights."""
         self.prompts.cursor = extra["cursor"]
         self.pass_rates = PassRates.from_state(extra.get("pass_rates"))
-        if self.stream is None:
-            return []
-        self.stream.calls = extra.get("stream_calls", 0)
-        return extra.get("in_flight", [])
+        return extra.get("in_flight", []) if self.stream is not None else []
 
     def dispatch_again(self, positions: list[int], step: int) -> None:
         """A resumed run's prompts that were in flight, sampled again first."""
         if positions:
-            self.dispatch(positions, [self.prompts.at(p) for p in positions], step, step)
+            self.dispatch(positions, step)
 
     def prompt_ids(self, example: Example) -> tuple[int, ...]:
         return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)
 
     # ------------------------------------------------------------------ a group's parts
 
-    def plan(self, examples: list[Example], step: int) -> list[Group]:
-        """A group per example: its replays (the replay strategy's) and how many fresh answers
-        the engine must sample."""
+    def plan(self, positions) -> list[Group]:
+        """A group per position of the prompt stream: its replays (the replay strategy's, drawn
+        as a pure function of the seed, the position and the question, so that runs of one seed
+        replay the same answers whenever they sample the prompt) and how many fresh answers the
+        engine must sample."""
         a = self.cfg.algorithm
         groups = []
-        for ex in examples:
+        for position in positions:
+            ex = self.prompts.at(position)
             rate = self.pass_rates.rate(question_key(ex), self.pool.pass_rate(ex)) \
                 if self.pool is not None else None
             replays, fresh = plan_group(ex, self.pool, a.rollouts_per_prompt, a.replay_per_prompt,
-                                        a.fill_absent, self.cfg.seed, step, a.replay_distinct,
+                                        a.fill_absent, self.cfg.seed, position, a.replay_distinct,
                                         a.replay.strategy, rate, a.replay.priority_floor)
-            groups.append(Group(ex, self.prompt_ids(ex), replays, fresh))
+            groups.append(Group(ex, self.prompt_ids(ex), replays, fresh, position=position))
         return groups
 
     def complete(self, groups: list[Group], step: int) -> list[Group]:
@@ -165,7 +187,7 @@ class Producer:
             self.pass_rates.add(question_key(group.example), [s.correct for s in group.samples])
             if a.replay.strategy == "rescue":
                 group.replays = rescue_replays(group, self.pool, a.replay_per_prompt,
-                                               self.cfg.seed, step, a.replay_distinct)
+                                               self.cfg.seed, group.position, a.replay_distinct)
         replayed = [(self._replay_sample(g.example, t), g) for g in groups for t in g.replays]
         self._score([(s, g.example) for s, g in replayed], f"step {step}'s replays")
         for sample, group in replayed:
@@ -200,7 +222,7 @@ class Producer:
                             "gen_batches": 1, "groups_short": 0}
         kept, drawn, batches = [], 0, 0
         while len(kept) < a.prompts_per_rollout and batches < (a.max_gen_batches or math.inf):
-            more = self.collect(self.prompts.take(a.prompts_per_rollout), step, batches)
+            more = self.collect(self.prompts.take(a.prompts_per_rollout), step)
             batches, drawn = batches + 1, drawn + len(more)
             kept += [g for g in more if g.informative(a.filter_metric)]
         short = max(a.prompts_per_rollout - len(kept), 0)
@@ -216,19 +238,25 @@ class Producer:
         return kept[:a.prompts_per_rollout], {"prompts_drawn": drawn, "groups_dropped": drawn - len(kept),
                                               "gen_batches": batches, "groups_short": short}
 
-    def collect(self, examples: list[Example], step: int, batch: int = 0) -> list[Group]:
-        """G' groups for ``examples``: fresh rollouts and replays, scored. ``batch`` counts the
-        step's generation batches (dynamic sampling draws more), so each has its own seeds."""
+    def collect(self, positions: range, step: int) -> list[Group]:
+        """G' groups for the prompts at ``positions`` of the prompt stream: fresh rollouts and
+        replays, scored. Each fresh answer is a request of its own, seeded by ``answer_seed``
+        (the run's seed, the prompt's position, the answer's index), as the rollout stream
+        seeds it: a synchronous and an asynchronous run of one seed draw the same numbers."""
         r = self.cfg.rollout
-        groups = self.plan(examples, step)
+        groups = self.plan(positions)
+        requests = [(g, p, j) for g, p in zip(groups, positions) for j in range(g.fresh_requested)]
         completions = generate_sharded(
-            self.engine, [g.prompt_ids for g in groups], [g.fresh_requested for g in groups],
-            r.tensor_parallel, seed=(self.cfg.seed * 100003 + step) * 1009 + batch,
+            self.engine, [g.prompt_ids for g, _, _ in requests], [1] * len(requests),
+            r.tensor_parallel, seed=[answer_seed(self.cfg.seed, p, j) for _, p, j in requests],
             temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_length)
-        for group, fresh in zip(groups, completions):
-            group.samples = [Sample(c.token_ids, c.text, replay=False, finished=c.finished,
-                                    logprobs=c.logprobs) for c in fresh]
+        for group in groups:
+            group.samples = []
+        for (group, _, _), (c,) in zip(requests, completions):
+            group.samples.append(Sample(c.token_ids, c.text, replay=False, finished=c.finished,
+                                        logprobs=c.logprobs))
         return self.complete(groups, step)
+
 
     # ------------------------------------------------------------------ asynchronous rollout
 
@@ -248,9 +276,7 @@ class Producer:
             room = need - len(kept) + r.extra_prompts - len(self.stream.flights)
             if room > 0 and drawn < limit:
                 count = int(min(room, limit - drawn))
-                first = self.prompts.cursor
-                self.dispatch(list(range(first, first + count)), self.prompts.take(count), step,
-                              step)
+                self.dispatch(self.prompts.take(count), step)
                 drawn += count
             finished = self.stream.take(need - len(kept), step)
             if finished:
@@ -264,34 +290,27 @@ class Producer:
             if not self.stream.pending():
                 break  # nothing left to sample this step: short (dynamic sampling's limit)
             start = time.perf_counter()
-            self.stream.advance(step, (self.cfg.seed * 100003 + 99991) * 1009)
+            self.stream.advance(step, self.cfg.seed)
             busy += time.perf_counter() - start
         # the next step's prompts in flight now: disaggregated engines sample them while the
         # learners train (a colocated engine when the next step starts)
-        room = need + r.extra_prompts - len(self.stream.flights)
-        if room > 0:
-            first = self.prompts.cursor
-            self.dispatch(list(range(first, first + room)), self.prompts.take(room), step + 1,
-                          step)
+        room = max(need + r.extra_prompts - len(self.stream.flights), 0)
+        self.dispatch(self.prompts.take(room), step)
         short = max(need - len(kept), 0)
         if short and a.short_batch == "error":
             raise RunError(f"step {step}: dynamic sampling kept {len(kept)} of {need} groups "
                            f"from {drawn} prompts (algorithm.max_gen_batches); the questions are "
                            "too easy or too hard for the policy: raise algorithm.max_gen_batches "
                            "(0: no limit) or set algorithm.short_batch=train")
-        return kept, {"prompts_drawn": drawn, "groups_dropped": dropped,
+        return kept, {"prompts_drawn": drawn + room, "groups_dropped": dropped,
                       "gen_batches": math.ceil(drawn / need), "groups_short": short,
                       "generating_s": busy}
 
-    def dispatch(self, positions: list[int], examples: list[Example], step: int,
-                 version: int) -> None:
-        """Prompts into the rollout stream, each planned as a group for ``step`` (its replays
-        chosen now), sampled from policy ``version`` on."""
-        flights = []
-        for position, group in zip(positions, self.plan(examples, step)):
-            group.position = position
-            flights.append(Flight(position, group.prompt_ids, group.fresh_requested, group))
-        self.stream.dispatch(flights, version)
+    def dispatch(self, positions, version: int) -> None:
+        """The prompts at ``positions`` into the rollout stream, each planned as a group (its
+        replays chosen now), sampled from policy ``version`` on."""
+        self.stream.dispatch([Flight(p, g.prompt_ids, g.fresh_requested, g)
+                              for p, g in zip(positions, self.plan(positions))], version)
 
     def _landed(self, flight: Flight) -> Group:
         """A finished flight as its group, the fresh answers as samples."""
@@ -325,7 +344,9 @@ class Producer:
     # ------------------------------------------------------------------ the pool
 
     def refresh_pool(self, groups: list[Group], step: int) -> None:
-        """The live pool takes the step's verified fresh answers that ended with EOS."""
+        """The live pool takes the step's verified fresh answers that ended with EOS, each
+        stamped with the version of the policy that sampled its first token (the step's own
+        when synchronous)."""
         r = self.cfg.rollout
         provenance = json.dumps({"source": str(Path(self.cfg.run_dir)), "step": step,
                                  "temperature": r.temperature, "top_p": r.top_p,
@@ -333,7 +354,8 @@ class Producer:
                                  "verifier": self.cfg.verifier.mode,
                                  "function": self.cfg.verifier.function})
         for g in groups:
-            good = [Answer(s.text, step, s.response_ids, s.logprobs, provenance)
+            good = [Answer(s.text, min(s.versions, default=step), s.response_ids, s.logprobs,
+                           provenance)
                     for s in g.samples if not s.replay and s.correct and s.finished]
             if good:
                 self.pool.add(g.example, good, self.cfg.algorithm.replay.cap)

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import host_memory, metrics, placement, platform, rundir, tasks
+from megatron_rlep import correction, host_memory, metrics, placement, platform, rundir, tasks
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.builtin_model import resolve_model_path
@@ -50,8 +50,6 @@ from megatron_rlep.checkpoints import Checkpoints, disk_plan
 from megatron_rlep.config import Config, ConfigError, RunError
 from megatron_rlep.data import load_examples
 from megatron_rlep.files import write_text_atomic
-from megatron_rlep.correction import active as correction_active, batch_correction, \
-    engine_old_logp
 from megatron_rlep.groups import Group, assign_advantages
 from megatron_rlep.loss import rollout_mismatch
 from megatron_rlep.metrics import mean_or_none
@@ -204,20 +202,25 @@ class Trainer:
         minis = [list(range(offsets[start], offsets[min(start + a.prompts_per_update, len(groups))]))
                  for start in range(0, len(groups), a.prompts_per_update)]
         fused = set(minis[0]) if a.epochs == 1 and not a.kl_coef and \
-            not correction_active(a.correction) else set()
+            not correction.active(a.correction) else set()
         samples = [s for g in groups for s in g.samples]
         old = [None] * len(batch)
         later = [i for i in range(len(batch)) if i not in fused]
         if a.old_logp == "rollout":
-            old = engine_old_logp(samples, later)
+            old = correction.engine_old_logp(samples, later)
             later = [i for i in later if old[i] is None]
         if later:
             for i, logp in zip(later, self.actor.logprobs(_subset(batch, later))[0]):
                 old[i] = logp
         batch.old_logp = old
-        batch.weights, batch.kept, corrected = batch_correction(
-            batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples],
-            a.correction)
+        c = a.correction
+        if c.baseline == "weighted":  # the groups' baselines: the proximal policy's
+            assign_advantages(groups, a.normalize_std,
+                              correction.baseline_weights(samples, old, c.is_threshold))
+            batch.advantages = torch.tensor([s.advantage for s in samples])
+        batch.weights, batch.kept, corrected = correction.batch_correction(
+            batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples], c)
+        batch.tags = correction.token_tags(samples, self.step)
         results = []
         for _ in range(a.epochs):
             for index in minis:
@@ -235,6 +238,9 @@ class Trainer:
                 break
         mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
         mismatch.update(corrected)
+        mismatch.update(correction.lag_metrics(samples, batch.old_logp, self.step,
+                                               minis * a.epochs, c.is_threshold))
+        mismatch.update(correction.class_metrics([r["by_class"] for r in results]))
         if self.offload:  # the rollout's room: the update is done, train_step restores
             self.actor.offload()
         return results, mismatch
@@ -426,10 +432,24 @@ def asynchrony_line(cfg: Config) -> str:
     if updates > 1:
         bound += (f"; the step's {updates} updates add up to {updates - 1} more, so a token is "
                   f"at most {a.max_staleness + updates - 1} updates behind the weights it trains")
-    fix = "" if a.correction.is_level or a.correction.rs_level else \
-        "; no importance weights between the sampling and the trained policy " \
-        "(algorithm.correction.is_level=token adds them)"
-    return f"asynchronous rollout: {', '.join(how)}; {bound}{fix}"
+    return f"asynchronous rollout: {', '.join(how)}; {bound}; {correction_line(a.correction)}"
+
+
+def correction_line(c) -> str:
+    """What corrects the stale tokens, in words (``algorithm.correction``)."""
+    if c.is_level:
+        cap = (f"tokens above {c.is_threshold:g} left out" if c.is_mode == "mask" else
+               f"truncated at {c.is_threshold:g}")
+        what = (f"stale tokens weighted by pi_old / pi_behaviour ({c.is_level}-level, {cap}: "
+                "the decoupled loss, algorithm.correction.is_level)")
+    else:
+        what = ("no importance weights between the sampling and the trained policy "
+                "(algorithm.correction.is_level=token adds them)")
+    if c.rs_level:
+        what += f", {c.rs_level}-level rejection"
+    if c.baseline == "weighted":
+        what += ", group baselines weighted to the trained policy (algorithm.correction.baseline)"
+    return what
 
 
 def _memory_metrics() -> dict:
@@ -463,7 +483,7 @@ def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
 
     return SequenceBatch(pick(batch.tokens), pick(batch.prompt_lengths),
                          advantages=batch.advantages[index], old_logp=pick(batch.old_logp),
-                         weights=pick(batch.weights), kept=pick(batch.kept))
+                         weights=pick(batch.weights), kept=pick(batch.kept), tags=pick(batch.tags))
 
 
 def _unless_none(value, default):

@@ -87,6 +87,38 @@ def test_the_synchronous_trainer_writes_the_same_metrics_as_before(tmp_path):
 
 
 @pytest.mark.e2e
+def test_an_asynchronous_run_repeats_to_the_digit_and_trains_tokens_two_versions_old(model,
+                                                                                     tmp_path):
+    """The staleness study's settings at N = 2 (colocated, partial rollouts, two steps' prompts
+    over-provisioned), the same command twice, one thread each: every figure but times and
+    memory the same (each answer's seed is its place, not an engine call's count); tokens two
+    versions old are trained, none older, and every step logs its lags."""
+    extra = ("algorithm.max_staleness=2", "rollout.partial=true", "rollout.segment_tokens=4",
+             "rollout.extra_prompts=8", "logging.save_every=0", "logging.dump_batches=false")
+    runs = []
+    for name in ("one", "two"):
+        argv = [*launcher(1), "-m", "megatron_rlep.train", *tiny_args(model, tmp_path / name, 4,
+                                                                        *extra)]
+        runs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(env(argv), OMP_NUM_THREADS="1")))
+    for proc in runs:
+        out = proc.communicate(timeout=scaled(600))[0]
+        assert proc.returncode == 0, out[-3000:]
+    assert "stale tokens weighted by pi_old / pi_behaviour (token-level, truncated at 2" in out
+
+    def figures(row):
+        return {k: v for k, v in row.items() if not k.startswith(("time", "perf/"))}
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert len(one) == 4 and [figures(r) for r in one] == [figures(r) for r in two]
+    assert [r["stale/lag_versions_max"] for r in one] == [0, 1, 2, 0]
+    assert max(r["rollout/staleness_max"] for r in one) == 2
+    # two updates a step: the second update's tokens are one more behind
+    assert [r["stale/lag_updates_max"] for r in one] == [1, 3, 5, 1]
+    assert one[2]["stale/lag_2/kl_behaviour_proximal"] >= 0
+    assert "correction/fresh/is_weight_mean" in one[2]
+
+
+@pytest.mark.e2e
 def test_every_prompt_trains_once_across_a_kill_9_within_the_bound(model, tmp_path):
     """Partial rollouts of 3 tokens, 2 prompts over-provisioned, N = 1, a checkpoint every step:
     killed with SIGKILL after a checkpoint, the same command resumes; the trained groups'
@@ -158,7 +190,10 @@ def test_replay_dynamic_sampling_and_the_live_pool_with_groups_landing_out_of_or
             assert all(max(0, step - min(s["versions"])) <= 2 for s in fresh)
     assert len(positions) == len(set(positions))
     logged = rows(run_dir)
-    assert all(r["train/prompts_drawn"] >= r["train/groups"] for r in logged)
+    # every prompt handed out (the next step's sent out at a step's end included) trained, was
+    # dropped as uninformative, or is in flight at the end
+    assert sum(r["train/prompts_drawn"] for r in logged) == logged[-1]["rollout/in_flight"] + \
+        sum(r["train/groups"] + r["train/groups_dropped"] for r in logged)
     answers = [r["pool/answers"] for r in logged]
     assert answers == sorted(answers)  # the live pool only grows
 

@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megatron_rlep import correction
 from megatron_rlep.correction import batch_correction, engine_old_logp, sequence_correction
+from megatron_rlep.groups import Sample
 
 # pi_old / pi_behaviour per token: 0.5/0.25 = 2, 0.25/0.5 = 0.5, 0.9/0.3 = 3; product 3
 OLD = torch.tensor([0.5, 0.25, 0.9]).log()
@@ -14,8 +16,9 @@ BEHAVIOUR = torch.tensor([0.25, 0.5, 0.3]).log()
 
 
 def config(**kw):
-    base = dict(is_level=None, is_threshold=2.5, rs_level=None, rs_threshold=None,
-                rs_threshold_lower=None, replay="on_policy", replay_weight=0.5)
+    base = dict(is_level=None, is_threshold=2.5, is_mode="truncate", rs_level=None,
+                rs_threshold=None, rs_threshold_lower=None, replay="on_policy", replay_weight=0.5,
+                baseline="plain")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -98,3 +101,128 @@ def test_the_engines_log_probs_stand_in_for_the_old_policys_where_complete():
     assert [o is None for o in old] == [True, False, True, True, False]
     assert old[1].tolist() == [-0.25, -2.0] and old[1].dtype == torch.float32
     assert old[4].tolist() == [-3.0]
+
+
+def test_under_staleness_the_default_is_the_decoupled_loss_truncated_at_its_cap():
+    """The default correction (``is_level=auto``): none synchronously; with max_staleness 2,
+    each token's clipped surrogate against the proximal policy times w = min(pi_old /
+    pi_behaviour, C). Three tokens by hand, the third above the cap; then AReaL's masking."""
+    from megatron_rlep.config import compose
+    from megatron_rlep.loss import aggregate, policy_token_loss
+
+    assert compose([]).algorithm.correction.is_level is None
+    c = compose(["algorithm.max_staleness=2"]).algorithm.correction
+    assert (c.is_level, c.is_mode, c.is_threshold, c.baseline) == ("token", "truncate", 2.0,
+                                                                   "plain")
+    # proximal 0.5, 0.25, 0.9; behaviour 0.25, 0.5, 0.3 (rho 2, 0.5, 3); current 0.55, 0.2, 0.9
+    # (r 1.1, 0.8, 1); A = 1: the surrogate's token losses -1.1, -0.8, -1
+    current = torch.tensor([0.55, 0.2, 0.9]).log()
+
+    def loss(cfg):
+        weights, kept, _ = batch_correction([OLD], [BEHAVIOUR.tolist()], [False], cfg)
+        pg, _, _ = policy_token_loss(current, OLD, torch.tensor(1.0))
+        total, count = aggregate((pg * weights[0])[None], kept[0][None])
+        return (total / count).item()
+    assert loss(config(is_level="token", is_threshold=2.0)) == pytest.approx(
+        -(2 * 1.1 + 0.5 * 0.8 + 2 * 1.0) / 3)  # the cap hit: 3 truncated to 2
+    assert loss(config(is_level="token", is_threshold=4.0)) == pytest.approx(
+        -(2 * 1.1 + 0.5 * 0.8 + 3 * 1.0) / 3)  # not hit
+    assert loss(config(is_level="token", is_threshold=2.5, is_mode="mask")) == pytest.approx(
+        -(2 * 1.1 + 0.5 * 0.8) / 2)  # AReaL: the token above the cap leaves the loss
+
+
+def sample(n, replay=False, versions=(), logprobs=(), advantage=0.0):
+    return Sample(tuple(range(n)), "", replay, True, advantage=advantage, versions=versions,
+                  logprobs=logprobs)
+
+
+def test_lags_in_versions_and_in_updates_and_the_gap_to_the_proximal_policy_by_hand():
+    # at version 4: a fresh answer of versions 3, 3, 4 in the step's first update, one of
+    # version 4 and a replay in its second
+    samples = [sample(3, versions=(3, 3, 4), logprobs=(-1.0, -1.0, -2.0), advantage=1.0),
+               sample(2, versions=(4, 4), logprobs=(-1.0, -1.0), advantage=-0.5),
+               sample(2, replay=True, advantage=2.0)]
+    old = [torch.tensor([-1.0 + math.log(2), -1.0, -2.0]), torch.tensor([-1.0, -1.0]),
+           torch.tensor([-0.5, -0.5])]
+    m = correction.lag_metrics(samples, old, 4, [[0], [1, 2]], 1.5)
+    # versions behind: 1, 1, 0 and 0, 0; updates behind: 2 updates a version, plus the update's
+    # place in the step: 2, 2, 0 and 1, 1
+    assert m["stale/lag_versions_mean"] == pytest.approx(2 / 5) and m["stale/lag_versions_max"] == 1
+    assert m["stale/tokens_versions_0"] == pytest.approx(3 / 5)
+    assert m["stale/lag_updates_mean"] == pytest.approx(6 / 5) and m["stale/lag_updates_max"] == 2
+    assert m["stale/tokens_updates_1"] == pytest.approx(2 / 5)
+    # lag 1: rho 2 and 1 (k3: 2 - 1 - log 2 and 0); lag 0: rho 1 for all three tokens
+    assert m["stale/lag_1/kl_behaviour_proximal"] == pytest.approx((1 - math.log(2)) / 2)
+    assert m["stale/lag_1/is_ratio_mean"] == pytest.approx(1.5)
+    assert m["stale/lag_1/above_threshold"] == pytest.approx(0.5)
+    assert m["stale/lag_0/kl_behaviour_proximal"] == pytest.approx(0.0)
+    assert m["stale/fresh/advantage_mean"] == pytest.approx(0.25)
+    assert m["stale/replay/advantage_mean"] == pytest.approx(2.0)
+    # two epochs: 4 updates a version, and each token trains twice, the second time 2 updates
+    # later: the first answer's stale tokens 1 x 4 + 2 updates behind
+    twice = correction.lag_metrics(samples, old, 4, [[0], [1, 2]] * 2, 1.5)
+    assert twice["stale/lag_versions_mean"] == m["stale/lag_versions_mean"]
+    assert twice["stale/lag_updates_max"] == 1 * 4 + 2
+
+
+def test_token_classes_and_their_sums_by_hand():
+    samples = [sample(3, versions=(3, 3, 4)), sample(2), sample(2, replay=True)]
+    tags = correction.token_tags(samples, 4)
+    assert [t.tolist() for t in tags] == [[1, 1, 0], [0, 0], [7, 7]]
+    flat = torch.cat(tags)
+    cut = torch.tensor([True, False, False, False, False, True, False])
+    coefficient = torch.tensor([9.0, 1.0, 2.0, 2.0, 1.0, 9.0, 4.0])
+    sums = correction.class_sums(flat, cut, coefficient)
+    m = correction.class_metrics([sums, sums])
+    assert m["stale/lag_1/clip_fraction"] == pytest.approx(0.5)
+    assert m["stale/lag_0/clip_fraction"] == 0.0
+    assert m["stale/replay/clip_fraction"] == pytest.approx(0.5)
+    # uncut coefficients: fresh 1 + 2 + 2 + 1 = 6, replay 4
+    assert m["stale/replay/gradient_share"] == pytest.approx(0.4)
+
+
+def test_a_weighted_baseline_weighs_fresh_answers_by_their_clamped_sequence_ratio():
+    samples = [sample(3, logprobs=tuple(BEHAVIOUR.tolist())), sample(2, logprobs=(-1.0, -1.0)),
+               sample(1, replay=True), sample(1)]
+    old = [OLD, torch.tensor([-1.5, -1.5]), torch.tensor([-3.0]), None]
+    weights = correction.baseline_weights(samples, old, 2.5)
+    # products 3 (above 2.5) and e^-1 (below 1 / 2.5); a replay and an answer without any: 1
+    assert weights == pytest.approx([2.5, 0.4, 1.0, 1.0])
+
+
+def test_stored_replays_from_a_pool_sampled_otherwise_are_refused_naming_both(tmp_path):
+    from megatron_rlep.config import RunError
+    from megatron_rlep.data import Example
+    from megatron_rlep.pool import ExperiencePool, pool_row, write_pool
+    from megatron_rlep.producer import check_stored_sampling
+
+    ex = Example("q1", [{"role": "user", "content": "1 + 1?"}], "2", "arithmetic")
+    row = pool_row(ex, ["Answer: 2"], [3], 1, 2, [[5, 6, 0]], [[-0.1, -0.2, -0.3]])
+    for name, sampling in (("hot", {"temperature": 0.7, "top_p": 0.95}), ("same", {
+            "temperature": 1.0, "top_p": 1.0}), ("unsaid", None)):
+        write_pool([row], tmp_path / name, {"tool": "test", **({"sampling": sampling}
+                                                               if sampling else {})})
+    rollout = SimpleNamespace(temperature=1.0, top_p=1.0)
+    check_stored_sampling(ExperiencePool.load(tmp_path / "same"), rollout)
+    with pytest.raises(RunError, match=r"temperature 0.7 \(top-p 0.95\).*rollout.temperature=1.0"):
+        check_stored_sampling(ExperiencePool.load(tmp_path / "hot"), rollout)
+    with pytest.raises(RunError, match="does not say the temperature"):
+        check_stored_sampling(ExperiencePool.load(tmp_path / "unsaid"), rollout)
+
+
+def test_a_live_pool_answer_carries_the_version_that_sampled_it(tmp_path):
+    from megatron_rlep.data import Example
+    from megatron_rlep.groups import Group
+    from megatron_rlep.pool import ExperiencePool
+    from megatron_rlep.producer import Producer
+
+    ex = Example("q1", [{"role": "user", "content": "1 + 1?"}], "2", "arithmetic")
+    stale = Sample((5, 0), "Answer: 2", False, True, correct=True, versions=(3, 4))
+    now = Sample((6, 0), "2\nAnswer: 2", False, True, correct=True)
+    producer = SimpleNamespace(pool=ExperiencePool({}, "live"), cfg=SimpleNamespace(
+        run_dir=tmp_path, rollout=SimpleNamespace(temperature=1.0, top_p=1.0,
+                                                  max_response_length=8),
+        verifier=SimpleNamespace(mode="dapo", function=None),
+        algorithm=SimpleNamespace(replay=SimpleNamespace(cap=4))))
+    Producer.refresh_pool(producer, [Group(ex, (1,), [], 2, [stale, now])], step=5)
+    assert producer.pool.versions(ex) == (3, 5)  # sampled at version 3; the step's own

@@ -144,7 +144,8 @@ def test_the_two_trainers_are_configured_alike(tmp_path, job, precision):
     train = load_examples(ours.data.train, "train", ours.data.data_dir,
                           **tasks.loader_kwargs(ours.data.train, ours.data.levels,
                                                 ours.data.train_size, ours.seed))
-    mine = PromptStream(train, ours.seed).take(args.steps * a.prompts_per_rollout)
+    stream = PromptStream(train, ours.seed)
+    mine = [stream.at(p) for p in stream.take(args.steps * a.prompts_per_rollout)]
     assert [(e.id, e.prompt) for e in peer_trl.trl_prompts(args)] == \
         [(e.id, e.prompt) for e in mine]
     if job == "long":

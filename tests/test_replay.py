@@ -83,9 +83,10 @@ def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
 
     def gather(**algorithm):
         a = AlgorithmConfig(prompts_per_rollout=2, dynamic_sampling=True, **algorithm)
+        drawn = iter(batches)  # a generation batch per collect, in order
         stub = SimpleNamespace(cfg=SimpleNamespace(algorithm=a), stream=None,
-                               prompts=SimpleNamespace(take=lambda n: [None] * n),
-                               collect=lambda examples, step, batch: batches[batch])
+                               prompts=SimpleNamespace(take=lambda n: range(n)),
+                               collect=lambda positions, step: next(drawn))
         return Producer.groups(stub, step=0)
 
     groups, info = gather()  # the reference: accuracy, 10 batches

@@ -89,6 +89,22 @@ def test_top_p_log_probs_are_those_of_the_renormalised_nucleus(tiny_engine):
     assert all(len(c.logprobs) == len(c.token_ids) for c in full)
 
 
+def test_a_samples_tokens_depend_on_its_seed_not_on_the_rows_batched_with_it(tiny_engine):
+    """Each sample draws with a generator of its own: the same prompt and seed give the same
+    answer alone, first or second in a batch, and its k-th sample is seeded seed + k."""
+    a, b = (encode_prompt(tiny_engine.tokenizer, [{"role": "user", "content": q}])
+            for q in ("Compute $2 + 3$.", "Name a prime."))
+    alone = tiny_engine.generate([a], 1, max_tokens=12, seed=[41])[0][0]
+    first = tiny_engine.generate([a, b], 1, max_tokens=12, seed=[41, 7])[0][0]
+    second = tiny_engine.generate([b, a], [2, 1], max_tokens=12, seed=[7, 41])[1][0]
+    assert alone.token_ids == first.token_ids == second.token_ids
+    assert torch.allclose(torch.tensor(first.logprobs), torch.tensor(second.logprobs), atol=1e-5)
+    pair = tiny_engine.generate([a], 2, max_tokens=12, seed=[40])[0]
+    assert pair[1].token_ids == alone.token_ids  # the second sample of seed 40 is seed 41
+    assert tiny_engine.generate([a], 1, max_tokens=12, seed=[42])[0][0].token_ids != \
+        alone.token_ids
+
+
 def test_prompts_are_left_truncated_to_the_limit(tiny_engine):
     messages = [{"role": "user", "content": "word " * 100}]
     whole = encode_prompt(tiny_engine.tokenizer, messages)

@@ -1,5 +1,6 @@
 """benchmarks/staleness_study.py on demo trees written here by hand: the differences from the
-synchronous arm and the minutes each arm takes to reach the synchronous baseline's peak."""
+synchronous arm, each arm's RLEP minus its baseline, the minutes each arm takes to reach the
+synchronous baseline's peak, and the means of what the runs logged of their lags."""
 
 import json
 import subprocess
@@ -22,10 +23,12 @@ def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[
     (run_dir / "validation").mkdir(parents=True)
     # the demo's first row: the validation before step 1, with no step time
     rows = [{"step": 0, "time": start - 5.0, "val/acc": 0.0},
-            {"step": 1, "time": start + 10.0, "time/step_s": 10.0}]
+            {"step": 1, "time": start + 10.0, "time/step_s": 10.0, "stale/lag_versions_max": 0,
+             "stale/lag_versions_mean": 0.0}]
     for step, (seconds, correct) in sorted(points.items()):
         rows.append({"step": step, "time": start + seconds, "time/step_s": 10.0,
-                     "val/acc": sum(correct) / len(correct)})
+                     "val/acc": sum(correct) / len(correct), "stale/lag_versions_max": step // 2,
+                     "stale/lag_versions_mean": step / 4})
         (run_dir / "validation" / f"step-{step}.jsonl").write_text("".join(
             json.dumps({"id": q, "correct": c}) + "\n" for q, c in zip(QUESTIONS, correct)))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -35,7 +38,7 @@ def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[
     (seed_dir / "report.json").write_text("{}")
 
 
-def arms(tmp_path: Path) -> dict[int, Path]:
+def arms(tmp_path: Path) -> dict[str, Path]:
     for seed in (1, 2):
         sync = tmp_path / "n0" / f"seed-{seed}"
         write_run(sync, "baseline", 1000.0, {2: (60, [1, 0, 0, 0]), 4: (120, [1, 1, 0, 0])},
@@ -48,13 +51,13 @@ def arms(tmp_path: Path) -> dict[int, Path]:
                   [1, 1, 0, 0])
         write_run(stale, "rlep", 0.0, {2: (45, [0, 0, 0, 0]), 4: (90, [0, 1, 0, 0])},
                   [0, 0, 0, 0])
-    return {0: tmp_path / "n0", 1: tmp_path / "n1"}
+    return {"sync": tmp_path / "n0", "n1": tmp_path / "n1"}
 
 
 def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
     result = staleness_study.study(arms(tmp_path))
     assert result["baseline_peaks"] == {1: 0.5, 2: 0.5}
-    sync, stale = result["arms"][0], result["arms"][1]
+    sync, stale = result["arms"]["sync"], result["arms"]["n1"]
     # the synchronous baseline reaches its own peak at its step 4: 120 s after step 1 began
     assert sync["minutes_to_peak"]["baseline"]["per_seed"] == {1: 2.0, 2: 2.0}
     assert sync["minutes_to_peak"]["rlep"]["per_seed"] == {1: 1.0, 2: 1.0}
@@ -70,21 +73,30 @@ def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
     assert versus["rlep"]["area"]["mean"] == pytest.approx(0.125 - 0.625)
     assert versus["rlep"]["eval"]["low"] <= -0.5 <= versus["rlep"]["eval"]["high"]
     assert sync["versus_reference"] == {}
+    # within each arm, RLEP minus its own baseline: 0.5 - 0.25 synchronously, 0 - 0.5 stale
+    assert sync["rlep_minus_baseline"]["eval"]["mean"] == pytest.approx(0.25)
+    assert stale["rlep_minus_baseline"]["eval"]["mean"] == pytest.approx(-0.5)
+    # the lags logged at steps 1, 2 and 4 of both seeds: 0, 1, 2 (mean 0, 0.5, 1)
+    assert stale["logged"]["rlep"]["stale/lag_versions_max"] == 2
+    assert stale["logged"]["rlep"]["stale/lag_versions_mean"] == pytest.approx(0.5)
+    assert stale["logged"]["rlep"]["stale/replay/advantage_mean"] is None
     table = staleness_study.markdown(result)
-    assert "| 1 | baseline | 2 | +0.250 [" in table and "| 1 | rlep | 2 |" in table
+    assert "| n1 | baseline | 2 | +0.250 [" in table and "| n1 | rlep | 2 |" in table
     assert "| 1.5 | 2/2 |" in table and "|  | 0/2 |" in table
+    assert "| n1 | -0.500 [" in table and "| n1 | rlep | 0.50, 2 |" in table
 
 
 def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):
     roots = arms(tmp_path)
     (tmp_path / "empty").mkdir()
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "staleness_study.py"),
-                           "--arms", f"0={roots[0]}", f"2={tmp_path / 'empty'}"],
+                           "--arms", f"sync={roots['sync']}", f"n2={tmp_path / 'empty'}"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert "holds no finished demo seed" in done.stderr and "demo_seeds.py --root" in done.stderr
     out = tmp_path / "study.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "staleness_study.py"),
-                           "--arms", f"0={roots[0]}", f"1={roots[1]}", "--json", str(out)],
+                           "--arms", f"sync={roots['sync']}", f"n1={roots['n1']}", "--json",
+                           str(out)],
                           capture_output=True, text=True, check=True)
-    assert json.loads(out.read_text())["arms"]["1"]["minutes_to_peak"]["baseline"]["mean"] == 1.5
+    assert json.loads(out.read_text())["arms"]["n1"]["minutes_to_peak"]["baseline"]["mean"] == 1.5

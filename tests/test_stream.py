@@ -8,7 +8,7 @@ import random
 import pytest
 
 from megatron_rlep.config import ConfigError, compose
-from megatron_rlep.rollout.base import Completion
+from megatron_rlep.rollout.base import Completion, answer_seed
 from megatron_rlep.rollout.stream import Flight, RolloutStream, lags
 
 EOS = 0
@@ -21,16 +21,17 @@ class Scripted:
     def __init__(self, lengths: dict):
         self.lengths, self.calls = lengths, []
 
-    def __call__(self, prompts, counts, seed, max_tokens):
+    def __call__(self, prompts, counts, seeds, max_tokens):
+        assert set(counts) == {1} and len(seeds) == len(prompts)  # a request, a seed per answer
         self.calls.append((len(prompts), max_tokens))
-        out = []
-        for prompt, count in zip(prompts, counts):
+        out, firsts = [], {}
+        for prompt in prompts:
             key, done = prompt[0], len(prompt) - 1
-            if count > 1:  # a first segment: the group's answers together
-                out.append([self._next(key, j, 0, max_tokens) for j in range(count)])
-            else:
-                j = prompt[1] - 1000 if done else 0  # continuing: the answer's index is token 1
-                out.append([self._next(key, j, done, max_tokens)])
+            if done:  # continuing: the answer's index is its token 1
+                j = prompt[1] - 1000
+            else:  # a first segment: a group's answers come in order
+                j = firsts[key] = firsts.get(key, -1) + 1
+            out.append([self._next(key, j, done, max_tokens)])
         return out
 
     def _next(self, key, j, done, max_tokens):
@@ -61,7 +62,7 @@ def test_a_long_answer_continues_under_the_next_versions_tagged_with_each():
     assert long.versions == [0] * 4 + [1] * 4 + [2] and long.finished and long.token_ids[-1] == EOS
     assert done.oldest() == 0 and lags([done], 2) == {2: 7, 1: 4, 0: 1}  # 3 + 9 tokens
     # a segment asks for what is left at most, and only the unfinished answers are sent
-    assert engine.calls == [(2, 4), (1, 4), (1, 4)]
+    assert engine.calls == [(4, 4), (1, 4), (1, 4)]  # a request per answer
 
 
 def test_no_token_trains_more_than_n_versions_behind_and_no_group_is_starved():
@@ -164,3 +165,37 @@ def test_the_start_up_line_gives_the_effective_bound():
     assert "at most 2 policy versions after its oldest token" in line
     assert "the step's 2 updates add up to 1 more, so a token is at most 3 updates behind" in line
     assert "partial rollouts in segments of 64 tokens" in line and "2 prompts in flight" in line
+
+
+def test_an_answers_seed_is_its_place_not_the_engine_call_that_samples_it():
+    """Each answer's request is seeded by the run's seed, its prompt's position, its index and
+    the tokens it has: flights sent together or apart, advanced in one call or several, after
+    a restart or not, draw with the same seeds."""
+    def seeds_of(schedule):
+        seen = {}
+
+        def engine(prompts, counts, seeds, max_tokens):
+            for prompt, seed in zip(prompts, seeds):
+                seen.setdefault((prompt[0], len(prompt) - 1), set()).add(seed)
+            return Scripted({3: [6, 2], 8: [2, 5]})(prompts, counts, seeds, max_tokens)
+        stream = RolloutStream(engine, segment=3, max_tokens=16, max_staleness=5)
+        schedule(stream)
+        return seen
+
+    def together(stream):
+        stream.dispatch([flight(3), flight(8)], version=0)
+        for v in range(3):
+            stream.advance(version=v, seed=11)
+
+    def apart(stream):
+        stream.dispatch([flight(8)], version=0)
+        stream.advance(version=0, seed=11)
+        stream.dispatch([flight(3)], version=1)
+        for v in range(1, 4):
+            stream.advance(version=v, seed=11)
+    one, other = seeds_of(together), seeds_of(apart)
+    assert one == other
+    assert one[(3, 0)] == {answer_seed(11, 3, 0), answer_seed(11, 3, 1)}
+    assert one[(3, 3)] == {answer_seed(11, 3, 0, 3)}  # answer 0 goes on after its 3 tokens
+    assert one[(8, 3)] == {answer_seed(11, 8, 1, 3)}
+    assert len({s for seeds in one.values() for s in seeds}) == 6  # 4 answers, 2 go on

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint as checkpoint_function
 
+from megatron_rlep import correction, platform
 from megatron_rlep import loss as objective
-from megatron_rlep import platform
 from megatron_rlep.actor import attention, bridge, checkpoint, optim
 from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, collate_shared,
                                        dp_slice, idle, loss_positions, micro_batches,
@@ -403,6 +403,11 @@ class Actor:
                 total.detach(), masked(pg).sum(), masked(clipped).sum(), masked(dual).sum(),
                 masked(entropy).sum(), masked(kl).sum(), mb.loss_mask.sum(),
             ]).double()
+            if mb.tags is not None:  # the same, by class of token (correction.token_tags)
+                stats = torch.cat([stats, correction.class_sums(
+                    masked(mb.tags), masked(clipped | dual), masked(
+                        mb.advantages.abs() * (logp - old).exp() *
+                        (mb.weights if mb.weights is not None else 1.0)))])
         out = {"stats": stats, "count": count.detach().double(), "sequences": len(mb.index)}
         if fused:
             out["scored"] = (mb, old, None)
@@ -427,7 +432,8 @@ class Actor:
         self.optimizer.zero_grad()
         outputs = self._schedule(self._micros(batch), self._policy_loss, forward_only=False)
         # the micro-batches' sums added on the device and read once, here
-        stats = torch.zeros(len(_STATS) - 1, dtype=torch.float64, device=self.device)
+        classes = 3 * correction.TAG_CLASSES if batch.tags is not None else 0
+        stats = torch.zeros(len(_STATS) - 1 + classes, dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         for out in outputs:
             stats += out["stats"]
@@ -445,13 +451,16 @@ class Actor:
         grad_norm, lr, applied = optim.step(self.optimizer, self.algorithm.grad_clip,
                                             self.fused_adam)
         self.step += 1
-        s = dict(zip(_STATS, stats.tolist()))
+        # the sums of _STATS but sequences, the classes' sums (if any), then sequences
+        head = len(_STATS) - 1
+        s = dict(zip(_STATS, stats[:head].tolist() + [stats[-1].item()]))
+        by_class = stats[head:-1] if batch.tags is not None else None
         tokens = max(s["tokens"], 1.0)
         return {"loss": s["loss"] / max(float(count), 1.0), "pg_loss": s["pg_loss"] / tokens,
                 "clip_fraction": s["clipped"] / tokens, "dual_clip_fraction": s["dual_clipped"] / tokens,
                 "entropy": s["entropy"] / tokens, "kl": s["kl"] / tokens,
                 "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"],
-                "skipped": not applied}
+                "skipped": not applied, "by_class": by_class}
 
     # ------------------------------------------------------------------ memory between updates
 

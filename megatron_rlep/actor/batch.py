@@ -46,6 +46,9 @@ class SequenceBatch:
     # off-policy correction (megatron_rlep/correction.py), per sequence, [response length]:
     weights: Optional[list[torch.Tensor]] = None  # importance weights of the token losses
     kept: Optional[list[torch.Tensor]] = None  # tokens rejection keeps in the loss (bool)
+    # each token's class for the update's metrics by class (correction.token_tags: a fresh
+    # token's lag, or a replay's), per sequence, [response length]
+    tags: Optional[list[torch.Tensor]] = None
 
     def __post_init__(self):
         if len(self.tokens) != len(self.prompt_lengths):
@@ -171,6 +174,7 @@ class MicroBatch:
     old_logp: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
     ref_logp: Optional[torch.Tensor] = None
     weights: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
+    tags: Optional[torch.Tensor] = None  # [b, s], aligned with loss_mask
     advantages: Optional[torch.Tensor] = None  # [b, 1]
     # loss_mask's positions as flat indices (row * s + column, in the mask's order) and their
     # count per row, made on the host (loss_positions)
@@ -196,7 +200,8 @@ def collate(batch: SequenceBatch, index: list[int], device: torch.device,
     width = -(-max(len(batch.tokens[i]) for i in index) // multiple) * multiple
     tokens = torch.zeros(len(index), width, dtype=torch.long)
     mask = torch.zeros(len(index), width, dtype=torch.bool)
-    aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp, "weights": batch.weights}
+    aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp, "weights": batch.weights,
+               "tags": batch.tags}
     out = {k: torch.zeros(len(index), width) if v is not None else None for k, v in aligned.items()}
     for row, i in enumerate(index):
         ids, p = batch.tokens[i], batch.prompt_lengths[i]
@@ -280,7 +285,7 @@ def to_device(micro: MicroBatch, device: torch.device) -> MicroBatch:
     """``micro``'s tensors on ``device`` but ``cu_seqlens`` (the actor copies it for Transformer
     Engine), each copy queued without waiting for the device."""
     for key in ("tokens", "positions", "labels", "loss_mask", "old_logp", "ref_logp", "weights",
-                "advantages", "attention_mask", "hidden_index", "loss_index"):
+                "tags", "advantages", "attention_mask", "hidden_index", "loss_index"):
         value = getattr(micro, key)
         if value is not None:
             setattr(micro, key, value.to(device, non_blocking=True))

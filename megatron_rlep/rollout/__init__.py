@@ -16,11 +16,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from megatron_rlep.rollout.base import (Completion, encode_prompt, model_stop_ids, request_seed,
-                                        stop_ids)
+from megatron_rlep.rollout.base import (Completion, answer_seed, encode_prompt, model_stop_ids,
+                                        request_seed, stop_ids)
 from megatron_rlep.rollout.transformers_engine import TransformersEngine
 
-__all__ = ["Completion", "TransformersEngine", "encode_prompt", "request_seed", "make_engine",
+__all__ = ["Completion", "TransformersEngine", "answer_seed", "encode_prompt", "request_seed",
+           "make_engine",
            "generate_sharded", "engine_kind", "stop_ids", "model_stop_ids"]
 
 
@@ -134,17 +135,19 @@ def _share(engine, rollout_tp: int) -> tuple[int, int, bool]:
     return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), engine is not None
 
 
-def generate_sharded(engine, prompts, counts: list[int], rollout_tp: int = 1, seed: int = 0,
+def generate_sharded(engine, prompts, counts: list[int], rollout_tp: int = 1, seed=0,
                      **sampling) -> list[list[Completion]]:
     """``counts[i]`` completions of ``prompts[i]`` (token ids) for every i, on every rank.
-    Prompts are dealt round-robin to the job's engines; prompt i is sampled with
-    ``request_seed(seed, i)`` whichever engine gets it."""
+    Prompts are dealt round-robin to the job's engines; prompt i is sampled with ``seed[i]``
+    (a list: one seed per prompt) or ``request_seed(seed, i)`` (a base), whichever engine gets
+    it."""
     share, shares, reports = _share(engine, rollout_tp)
     mine = list(range(share, len(prompts), shares))
     results = None
     if engine is not None:
         results = engine.generate([prompts[i] for i in mine], [counts[i] for i in mine],
-                                  seed=[request_seed(seed, i) for i in mine], **sampling)
+                                  seed=[seed[i] if isinstance(seed, (list, tuple)) else
+                                        request_seed(seed, i) for i in mine], **sampling)
     if not dist.is_initialized():
         return results
     gathered = [None] * dist.get_world_size()

@@ -2,7 +2,10 @@
 
 Prompts reach an engine as token ids, encoded and left-truncated once by ``encode_prompt``, so
 the engine samples after exactly the tokens the actor trains on. Each request gets its own seed
-from ``request_seed``; each completion carries its behaviour log-probs (see ``Completion``).
+from ``request_seed``; a training answer's seed comes from ``answer_seed``, a pure function of
+where the answer stands, so the same answer is drawn with the same random numbers whatever the
+timing, the batching or the placement. Each completion carries its behaviour log-probs (see
+``Completion``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def encode_prompt(tokenizer, messages, max_length: int | None = None) -> tuple[i
     return tuple(ids[-max_length:] if max_length else ids)
 
 
-def request_seed(base: int, index: int) -> int:
+def request_seed(base: int, index) -> int:
     """The seed of request ``index`` of a call seeded ``base``: a 62-bit hash of both.
 
     vLLM seeds the j-th of a request's n samples with ``seed + j``, so consecutive seeds such as
@@ -62,6 +65,16 @@ def request_seed(base: int, index: int) -> int:
     """
     digest = hashlib.blake2b(f"{base}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 2
+
+
+def answer_seed(run_seed: int, position: int, index: int, offset: int = 0) -> int:
+    """The seed of training answer ``index`` of the prompt at ``position`` of the run's prompt
+    stream, for its tokens from ``offset`` on (a partial rollout's later segments: the tokens
+    it has so far). Neither the engine call, nor the rank, nor the time an answer is sampled
+    enters it, so two runs of one seed (synchronous or asynchronous, colocated or not) draw each
+    answer with the same random numbers, and their answers differ only where the weights that
+    sampled them do (or where a partial rollout cut them differently)."""
+    return request_seed(run_seed, f"answer:{position}:{index}:{offset}")
 
 
 def counts_and_seeds(prompts: int, n, seed) -> tuple[list[int], list[int]]:

@@ -19,10 +19,13 @@ A ``RolloutStream`` holds prompts in flight instead (``Flight``: a group and its
   sampled. Only flights beyond ``count`` that are due (more over-provisioned prompts than
   updates can take) are started again, counted (``regenerated``).
 
-Continuing an answer resubmits its prompt and tokens, so the engine recomputes their KV cache
-(vLLM's prefix cache keeps it while the weights are unchanged). The engine is a function
-(``generate(prompts, counts, seed, max_tokens) -> [[Completion]]``); this module knows nothing
-of Megatron, rewards or replay.
+Every answer is a request of its own, seeded by ``answer_seed`` (the run's seed, the flight's
+position in the prompt stream, the answer's index and the tokens it has so far): never by a count
+of engine calls, so what an answer draws does not depend on when, with what others, or on which
+rank it is sampled. Continuing an answer resubmits its prompt and tokens, so the engine
+recomputes their KV cache (vLLM's prefix cache keeps it while the weights are unchanged). The
+engine is a function (``generate(prompts, counts, seeds, max_tokens) -> [[Completion]]``, one
+seed per prompt); this module knows nothing of Megatron, rewards or replay.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from megatron_rlep.rollout.base import Completion
+from megatron_rlep.rollout.base import Completion, answer_seed
 
 
 @dataclass
@@ -73,7 +76,6 @@ class RolloutStream:
         self.max_staleness = max_staleness
         self.flights: list[Flight] = []
         self.regenerated = 0  # flights started again for staleness, since the last count
-        self.calls = 0  # engine calls so far: each its own seed
 
     def dispatch(self, flights: list[Flight], version: int) -> None:
         for flight in flights:
@@ -89,39 +91,28 @@ class RolloutStream:
 
     def advance(self, version: int, seed: int) -> int:
         """One segment for every unfinished answer (and a flight too stale ever to train
-        started again first); returns how many tokens were sampled."""
+        started again first), each answer seeded by ``answer_seed`` from the run's ``seed``;
+        returns how many tokens were sampled."""
         for flight in self.flights:
             oldest = self.started(flight)
             if oldest is not None and not flight.done and version - oldest > self.max_staleness:
                 self.restart(flight, version)
-        prompts, counts, targets = [], [], []
+        prompts, seeds, targets = [], [], []
         for flight in self.pending():
             if not flight.answers:
-                prompts.append(tuple(flight.prompt_ids))
-                counts.append(flight.count)
-                targets.append((flight, None))
-            else:
-                for answer in flight.answers:
-                    if not answer.done:
-                        prompts.append(tuple(flight.prompt_ids) + tuple(answer.token_ids))
-                        counts.append(1)
-                        targets.append((flight, answer))
+                flight.answers = [Answer() for _ in range(flight.count)]
+            for index, answer in enumerate(flight.answers):
+                if not answer.done:
+                    prompts.append(tuple(flight.prompt_ids) + tuple(answer.token_ids))
+                    seeds.append(answer_seed(seed, flight.position, index, len(answer.token_ids)))
+                    targets.append(answer)
         if not prompts:
             return 0
-        limits = [self.max_tokens - (len(a.token_ids) if a else 0) for _, a in targets]
+        limits = [self.max_tokens - len(a.token_ids) for a in targets]
         segment = min(self.segment, max(limits))
-        results = self.generate(prompts, counts, seed + self.calls, segment)
-        self.calls += 1
-        sampled = 0
-        for (flight, answer), limit, completions in zip(targets, limits, results):
-            if answer is None:
-                flight.answers = [Answer() for _ in completions]
-                pairs = zip(flight.answers, completions)
-            else:
-                pairs = [(answer, completions[0])]
-            for a, c in pairs:
-                sampled += extend(a, c, version, min(segment, limit), limit)
-        return sampled
+        results = self.generate(prompts, [1] * len(prompts), seeds, segment)
+        return sum(extend(answer, completions[0], version, min(segment, limit), limit)
+                   for answer, limit, completions in zip(targets, limits, results))
 
     def restart(self, flight: Flight, version: int) -> None:
         """``flight`` sampled again from its start (too stale to train), counted."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
@@ -38,15 +40,15 @@ class TransformersEngine:
                  top_p: float = 1.0, max_tokens: int = 256, seed: int | list[int] = 0,
                  progress: bool = False) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids from ``encode_prompt``), in prompt order;
-        ``n`` may differ per prompt. Sampling is batched with one torch generator, seeded with
-        the first request's seed, so per-request seeds only decide the whole call's stream."""
+        ``n`` may differ per prompt. Each sample draws its tokens with a generator of its own,
+        seeded as vLLM seeds a request's samples (the request's seed, plus k for its k-th), so a
+        sample does not depend on the rows batched with it."""
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
-        torch.manual_seed(seeds[0] if seeds else 0)
-        jobs = [i for i, c in enumerate(counts) for _ in range(c)]  # one row per sample
+        jobs = [(i, k) for i, c in enumerate(counts) for k in range(c)]  # one row per sample
         results: list[list[Completion]] = [[] for _ in prompts]
         bar = tqdm(total=len(jobs), unit="sample", disable=not progress, desc="generating")
         for start in range(0, len(jobs), self.batch_size):
-            rows = jobs[start:start + self.batch_size]
+            rows = [i for i, _ in jobs[start:start + self.batch_size]]
             width = max(len(prompts[i]) for i in rows)
             ids = torch.full((len(rows), width), self.tokenizer.pad_token_id)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -55,14 +57,14 @@ class TransformersEngine:
                 mask[r, width - len(prompts[i]):] = 1
             kept = _KeepLogprobs()
             picked = _PickLogprobs(kept)
+            choice = [_SeededChoice([seeds[i] + k for i, k in jobs[start:start + self.batch_size]])] \
+                if temperature > 0 else []
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                 max_new_tokens=max_tokens, eos_token_id=list(self.stop_ids),
                 pad_token_id=self.tokenizer.pad_token_id,
-                logits_processor=LogitsProcessorList(_warpers(temperature, top_p) + [kept]),
-                stopping_criteria=StoppingCriteriaList([picked]),
-                **(dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if temperature > 0
-                   else dict(do_sample=False)),
+                logits_processor=LogitsProcessorList(_warpers(temperature, top_p) + [kept] + choice),
+                stopping_criteria=StoppingCriteriaList([picked]), do_sample=False,
             )[:, width:].tolist()
             logprobs = picked.result().tolist()
             for i, row, row_logprobs in zip(rows, out, logprobs):
@@ -132,6 +134,22 @@ class _KeepLogprobs(LogitsProcessor):
     def __call__(self, input_ids, scores):
         self.last = torch.log_softmax(scores.float(), -1)
         return scores
+
+
+class _SeededChoice(LogitsProcessor):
+    """The sampler, after the recorder: each row draws its token with a generator of its own,
+    as vLLM draws a seeded request's (the argmax of p / q, q ~ Exp(1) per token, which samples
+    p), and only that token is left for ``generate``'s greedy pick."""
+
+    def __init__(self, seeds: list[int]):
+        self.generators = [torch.Generator().manual_seed(s % 2**64) for s in seeds]
+
+    def __call__(self, input_ids, scores):
+        probs = torch.softmax(scores.float(), -1).cpu()
+        noise = torch.stack([torch.empty(probs.shape[-1]).exponential_(generator=g)
+                             for g in self.generators])
+        choice = (probs / noise).argmax(-1, keepdim=True).to(scores.device)
+        return torch.full_like(scores, -math.inf).scatter_(1, choice, 0.0)
 
 
 class _PickLogprobs(StoppingCriteria):

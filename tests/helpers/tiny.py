@@ -84,7 +84,8 @@ def with_sampled_logprobs(release: str | Path, out: str | Path, model: str | Pat
                for t in row["reward_model"]["candidates"]]
         rows.append({**row, "candidate_token_ids": ids,
                      "candidate_logprobs": [[logprob] * len(x) for x in ids]})
-    write_pool(rows, out, {"tool": "tests/helpers/tiny.py"})
+    write_pool(rows, out, {"tool": "tests/helpers/tiny.py",
+                           "sampling": {"temperature": 1.0, "top_p": 1.0}})  # the runs' own
     return Path(out)
 
 
