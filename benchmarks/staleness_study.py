@@ -1,22 +1,28 @@
-"""The two-phase demo at several staleness bounds, five seeds each, against the synchronous one.
+"""Replay under staleness: the two-phase demo's arms against the synchronous one, paired by
+seed, with the lags each arm got and what they did to the update.
 
-    python benchmarks/demo_seeds.py --seeds 1 2 3 4 5 --root runs/staleness-0 --prune
-    python benchmarks/demo_seeds.py --seeds 1 2 3 4 5 --root runs/staleness-1 --prune \
-        algorithm.max_staleness=1 rollout.placement=disaggregated rollout.ranks=1 \
-        rollout.partial=true rollout.segment_tokens=16
-    (the same with max_staleness=2 into runs/staleness-2; one seed of every arm at a time,
-    ``--seeds 1`` for N = 0, 1, 2, then ``--seeds 2``..., leaves paired seeds when a machine's
-    time runs out: a demo resumes its finished runs), then
-    python benchmarks/staleness_study.py --arms 0=runs/staleness-0 1=runs/staleness-1 \
-        2=runs/staleness-2 [--seeds 1 2 3 4 5] [--json docs/staleness_study.json]
+One seed of every arm at a time (a demo resumes its finished runs, so a machine's time that
+runs out leaves paired seeds); the synchronous arm builds each seed's pool, and every other
+arm's RLEP replays that same pool (the demo's ``pool`` key):
 
-The first arm is the reference (the synchronous trainer). For every other arm and each of the
-demo's runs (baseline, RLEP): the difference from the reference's same run of the same seed in
-the final evaluation and the area under the validation curve, pooled over the seeds the two arms
-share with a 95% interval from a two-level bootstrap over seeds and held-out questions
-(``demo_seeds.pooled_pairs``). For every arm and run: the wall-clock minutes from the start of its
-first step to its first validation at or above the peak of the same seed's synchronous baseline
-(validation included, start-up not), per seed, and how many seeds reach it.
+    python benchmarks/demo_seeds.py --seeds 1 --root runs/stale/sync --prune
+    python benchmarks/demo_seeds.py --seeds 1 --root runs/stale/n2 --prune \
+        pool=runs/stale/sync/seed-1/pool algorithm.max_staleness=2 rollout.partial=true \
+        rollout.segment_tokens=16 rollout.extra_prompts=8 [algorithm.correction....]
+    python benchmarks/staleness_study.py --arms sync=runs/stale/sync n2=runs/stale/n2 ... \
+        [--seeds 1 2 3 4 5] [--json docs/staleness_study.json]
+
+The first arm is the reference. For every other arm and each of the demo's runs (baseline,
+RLEP): the difference from the reference's same run of the same seed in the final evaluation
+and the area under the validation curve, pooled over the seeds the two arms share with a 95%
+interval from a two-level bootstrap over seeds and held-out questions
+(``demo_seeds.pooled_pairs``). For every arm: RLEP minus its own baseline, pooled the same way;
+per run, the wall-clock minutes from the start of its first step to its first validation at or
+above the peak of the same seed's synchronous baseline (validation included, start-up not), per
+seed, and how many seeds reach it; and the means over its steps and seeds of what the trainer
+logs of staleness (``correction.lag_metrics``, ``class_metrics``): the lags in versions and in
+optimizer updates, the gap from the sampling to the proximal policy per lag, the replays' mean
+advantage and share of the gradient, the fresh answers' accuracy.
 """
 
 from __future__ import annotations
@@ -62,15 +68,41 @@ def seeds_of(root: Path) -> list[int]:
                   if (d / "report.json").exists())
 
 
-def study(arms: dict[int, Path], seeds: list[int] | None = None) -> dict:
-    reference = min(arms)
+LOGGED = ("stale/lag_versions_mean", "stale/lag_updates_mean", "stale/tokens_versions_0",
+          "stale/tokens_versions_1", "stale/tokens_versions_2", "stale/lag_1/kl_behaviour_proximal",
+          "stale/lag_2/kl_behaviour_proximal", "stale/replay/advantage_mean",
+          "stale/fresh/advantage_mean", "stale/replay/gradient_share", "train/acc_fresh",
+          "correction/fresh/truncated_fraction")
+
+
+def logged(run_dirs: list[Path]) -> dict:
+    """The mean over every step of ``run_dirs`` of each ``LOGGED`` metric (None where no step
+    logged it), and the largest lag in versions any step trained."""
+    rows = [json.loads(line) for d in run_dirs for line in
+            (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    out = {}
+    for key in LOGGED:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = statistics.fmean(values) if values else None
+    out["stale/lag_versions_max"] = max((r["stale/lag_versions_max"] for r in rows
+                                         if r.get("stale/lag_versions_max") is not None),
+                                        default=None)
+    return out
+
+
+def study(arms: dict[str, Path], seeds: list[int] | None = None) -> dict:
+    reference = next(iter(arms))
     ref = arms[reference]
     peaks = {s: max(acc for acc, _ in validation_times(ref / f"seed-{s}" / "baseline").values())
              for s in seeds_of(ref) if seeds is None or s in seeds}
     result = {"reference": reference, "arms": {}}
-    for n, root in sorted(arms.items()):
+    for n, root in arms.items():
         done = [s for s in seeds_of(root) if s in peaks]
-        arm = {"root": str(root), "seeds": done, "minutes_to_peak": {}, "versus_reference": {}}
+        arm = {"root": str(root), "seeds": done, "minutes_to_peak": {}, "versus_reference": {},
+               "logged": {run: logged([root / f"seed-{s}" / run for s in done]) for run in RUNS}}
+        if done:
+            arm["rlep_minus_baseline"] = pooled_pairs(
+                [(root / f"seed-{s}" / "baseline", root / f"seed-{s}" / "rlep") for s in done])
         for run in RUNS:
             times = {s: minutes_to(root / f"seed-{s}" / run, peaks[s]) for s in done}
             reached = [t for t in times.values() if t is not None]
@@ -89,10 +121,34 @@ def markdown(result: dict) -> str:
     def cell(x):
         return f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
 
+    def number(x, form="{:.3f}"):
+        return "" if x is None else form.format(x)
+
     ref = result["reference"]
-    lines = [f"| max_staleness | run | seeds | eval minus N={ref} (95%) | area minus N={ref} (95%) "
-             f"| minutes to N={ref} baseline's peak (mean of those that reach it) | reached |",
+    lines = [f"| arm | run | seeds | eval minus {ref} (95%) | area minus {ref} (95%) "
+             f"| minutes to {ref} baseline's peak (mean of those that reach it) | reached |",
              "|---|---|---|---|---|---|---|"]
+    gains = ["| arm | RLEP minus baseline, eval (95%) | area (95%) |", "|---|---|---|"]
+    lags = ["| arm | run | lag in versions: mean, max | tokens at lag 0 / 1 / 2 | lag in updates "
+            "| KL(behaviour, proximal) at lag 1 / 2 | truncated (fresh) | replay advantage "
+            "| replay gradient share | fresh accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, arm in result["arms"].items():
+        if "rlep_minus_baseline" in arm:
+            g = arm["rlep_minus_baseline"]
+            gains.append(f"| {n} | {cell(g['eval'])} | {cell(g['area'])} |")
+        for run in RUNS:
+            m = arm["logged"][run]
+            shares = " / ".join(number(m[f"stale/tokens_versions_{k}"], "{:.2f}") or "0"
+                                for k in range(3))
+            lags.append(
+                f"| {n} | {run} | {number(m['stale/lag_versions_mean'], '{:.2f}')}, "
+                f"{number(m['stale/lag_versions_max'], '{}')} | {shares} | "
+                f"{number(m['stale/lag_updates_mean'], '{:.2f}')} | "
+                f"{number(m['stale/lag_1/kl_behaviour_proximal'], '{:.1e}')} / "
+                f"{number(m['stale/lag_2/kl_behaviour_proximal'], '{:.1e}')} | "
+                f"{number(m['correction/fresh/truncated_fraction'], '{:.4f}')} | "
+                f"{number(m['stale/replay/advantage_mean'])} | "
+                f"{number(m['stale/replay/gradient_share'])} | {number(m['train/acc_fresh'])} |")
     for n, arm in result["arms"].items():
         for run in RUNS:
             versus = arm["versus_reference"].get(run)
@@ -102,13 +158,13 @@ def markdown(result: dict) -> str:
                          f"{cell(versus['eval']) if versus else ''} | "
                          f"{cell(versus['area']) if versus else ''} | {minutes} | "
                          f"{t['reached']}/{len(arm['seeds'])} |")
-    return "\n".join(lines)
+    return "\n\n".join("\n".join(t) for t in (lines, gains, lags))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arms", nargs="+", required=True, metavar="N=ROOT",
-                   help="max_staleness=root of its demo_seeds.py runs; the smallest N is the "
+    p.add_argument("--arms", nargs="+", required=True, metavar="NAME=ROOT",
+                   help="an arm's name and the root of its demo_seeds.py runs; the first is the "
                         "reference")
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: every "
                    "seed the reference finished)")
@@ -117,12 +173,12 @@ def main(argv=None) -> int:
     arms = {}
     for spec in args.arms:
         n, sep, root = spec.partition("=")
-        if not sep or not n.isdigit():
-            p.error(f"--arms {spec}: give max_staleness=ROOT, e.g. 1=runs/staleness-1")
+        if not sep or not n:
+            p.error(f"--arms {spec}: give NAME=ROOT, e.g. n1=runs/stale/n1")
         if not seeds_of(Path(root)):
             p.error(f"--arms {spec}: {root} holds no finished demo seed (seed-K/report.json); "
                     "run benchmarks/demo_seeds.py --root there first")
-        arms[int(n)] = Path(root)
+        arms[n] = Path(root)
     result = study(arms, args.seeds)
     print(markdown(result))
     if args.json:
