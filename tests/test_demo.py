@@ -61,6 +61,22 @@ def test_stage_sizes_follow_the_training_and_heldout_files(tmp_path):
     assert stages["baseline"].count() == stages["pool"].count() == 0
 
 
+def test_a_given_pool_replaces_the_pool_stage_and_must_be_a_finished_pool(tmp_path):
+    """pool=DIR: RLEP replays DIR and no pool is built (the arms of a study share one); a
+    directory without a manifest is refused in one sentence before any stage runs."""
+    shared = tmp_path / "sync" / "pool"
+    cfg = compose([f"pool={shared}"], "demo")
+    rlep = compose(training_overrides(cfg, [], "rlep", tmp_path / "arm"))
+    assert rlep.algorithm.pool == str(shared.resolve())
+    stages = [s.name for s in plan(cfg, [], rlep, tmp_path / "arm")]
+    assert stages == ["baseline", "rlep", "eval-baseline", "eval-rlep"]
+    done = subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"out={tmp_path / 'arm'}",
+                           f"pool={shared}"], capture_output=True, text=True, timeout=scaled(120))
+    assert done.returncode == 2 and f"pool={shared} is not a finished pool directory" in \
+        done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "arm" / "demo.json").exists()
+
+
 def test_a_wrong_training_key_is_one_sentence(tmp_path):
     done = subprocess.run([sys.executable, "-m", "megatron_rlep.demo", f"out={tmp_path}",
                            "algorithm.total_stepz=3"], capture_output=True, text=True, timeout=scaled(120))
