@@ -144,3 +144,22 @@ def test_manifest_entries_read_side_by_side_equal_one_file_at_a_time(tmp_path):
     assert damage(tmp_path, entries, checksums=True) == said
     assert damage(tmp_path, entries, checksums=True, share=(0, 2)) == said  # files 0 and 2
     assert damage(tmp_path, entries, checksums=True, share=(1, 2)) is None  # another rank's
+
+
+def test_a_checkpoint_resumes_only_with_the_layer_specs_it_was_saved_with():
+    """Transformer Engine's specs and the local ones name parameters otherwise (TE's fused layer
+    norms, its _extra_state): a local-spec checkpoint resumed where TE is installed failed deep in
+    Megatron-Core. Now one sentence names the key to set; weights-only ones too."""
+    from megatron_rlep.actor.checkpoint import resume_problem
+
+    layout = {"world": 1, "tp": 1, "pp": 1}
+    local = {"layout": layout, "transformer_engine": False}
+    problem = resume_problem(local, layout, False, transformer_engine=True)
+    assert problem.startswith("it was saved with Megatron-Core's local layer specs and this run "
+                              "builds Transformer Engine's ones")
+    assert "resume with model.transformer_impl=local" in problem
+    assert "model.transformer_impl=transformer_engine" in resume_problem(
+        {**local, "transformer_engine": True, "optimizer_state": False}, layout, False,
+        transformer_engine=False)
+    assert resume_problem(local, layout, False, transformer_engine=False) is None
+    assert resume_problem({"layout": layout}, layout, False, transformer_engine=True) is None

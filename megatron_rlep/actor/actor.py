@@ -509,7 +509,7 @@ class Actor:
     def load(self, path) -> dict:
         self.restore()
         self.step, extra = checkpoint.load(path, self.module, self.optimizer, self.scheduler,
-                                           self.distributed_optimizer)
+                                           self.distributed_optimizer, self.transformer_engine)
         return extra
 
     def save_hf(self, path):

@@ -145,13 +145,24 @@ def same_layout(saved: dict, now: dict) -> bool:
     return {"ep": 1, **saved} == now
 
 
-def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool) -> str | None:
-    """Why a full checkpoint cannot resume on ``layout``, or None: the distributed optimizer's
-    state (dp_reshardable) loads only on the TP x PP x EP it was saved on (checkpoints before EP
-    was recorded: EP 1), and only into the distributed optimizer (the plain one's only into the
-    plain one); the weights load anywhere."""
+def resume_problem(meta: dict, layout: dict, distributed_optimizer: bool,
+                   transformer_engine: bool | None = None) -> str | None:
+    """Why a full checkpoint cannot resume on ``layout``, or None: Transformer Engine's layer
+    specs and Megatron-Core's local ones name their parameters differently (TE fuses the layer
+    norms into the linear layers and keeps ``_extra_state``), so a checkpoint resumes only with
+    the kind it was saved with; the distributed optimizer's state (dp_reshardable) loads only on
+    the TP x PP x EP it was saved on (checkpoints before EP was recorded: EP 1), and only into
+    the distributed optimizer (the plain one's only into the plain one); the weights load on any
+    layout."""
     saved, sharded = {"ep": 1, **meta.get("layout", {})}, bool(meta.get("distributed_optimizer"))
     layout = {"ep": 1, **layout}
+    te = meta.get("transformer_engine")
+    if transformer_engine is not None and te is not None and bool(te) != transformer_engine:
+        kinds = {True: "Transformer Engine's", False: "Megatron-Core's local"}
+        return (f"it was saved with {kinds[bool(te)]} layer specs and this run builds "
+                f"{kinds[transformer_engine]} ones, whose parameters are named otherwise: resume "
+                f"with model.transformer_impl={'transformer_engine' if te else 'local'}, or start "
+                "from its weights (tools/export_hf.py, then model.path=) with a fresh optimizer")
     if not meta.get("optimizer_state", True):  # saved before any update: weights only
         return None
     if sharded != distributed_optimizer:
@@ -360,8 +371,8 @@ def is_complete(path: str | Path) -> bool:
     return (Path(path) / COMPLETE).is_file()
 
 
-def load(path: str | Path, model, optimizer, scheduler,
-         distributed_optimizer: bool = False) -> tuple[int, dict]:
+def load(path: str | Path, model, optimizer, scheduler, distributed_optimizer: bool = False,
+         transformer_engine: bool | None = None) -> tuple[int, dict]:
     """Restore into the live objects; returns (step, extra)."""
     from megatron.core import dist_checkpointing
 
@@ -372,7 +383,7 @@ def load(path: str | Path, model, optimizer, scheduler,
     if meta.get("weights_only"):
         raise FileNotFoundError(f"{path} holds weights only (the best validation step); resume "
                                 "from a step-* checkpoint, or export it with tools/export_hf.py")
-    problem = resume_problem(meta, _layout(), distributed_optimizer)
+    problem = resume_problem(meta, _layout(), distributed_optimizer, transformer_engine)
     if problem:
         raise RunError(f"{path}: {problem}")
     fmt = meta.get("optimizer_format", OLD_OPTIMIZER_FORMAT)
