@@ -144,7 +144,9 @@ class RolloutConfig:
     top_p: float = 1.0
     max_response_length: int = 3072
     tensor_parallel: int = 1
-    gpu_memory_utilization: float = 0.6  # vLLM on GPU
+    gpu_memory_utilization: float = 0.6  # vLLM on GPU, beside the actor (colocated)
+    # vLLM on a GPU of its own (rollout.placement=disaggregated): no actor beside it, no sleep
+    dedicated_gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0  # vLLM on CPU: KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     # vLLM on CPU: torch.compile the model (faster rollouts; the engine's start compiles,
     # docs/usage.md has the costs) instead of running it eagerly
@@ -417,6 +419,8 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "algorithm.correction.replay_weight": (0.0, None), "rollout.temperature": (0.0, None),
     "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
     "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
+    "rollout.gpu_memory_utilization": (0.0, 1.0),
+    "rollout.dedicated_gpu_memory_utilization": (0.0, 1.0),
     "algorithm.max_staleness": (0, None), "rollout.ranks": (0, None),
     "rollout.segment_tokens": (1, None), "rollout.extra_prompts": (0, None),
     "rollout.timeout_s": (1.0, None),

@@ -405,7 +405,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     told to stop. A failure is sent to learner 0 in one line before this rank exits."""
     from megatron_rlep.builtin_model import resolve_model_path
     from megatron_rlep.platform import compute_dtype
-    from megatron_rlep.rollout import make_engine
+    from megatron_rlep.rollout import engine_length, make_engine
 
     r, a = cfg.rollout, cfg.algorithm
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s)
@@ -417,7 +417,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
                                     world_size=r.ranks)
         path = resolve_model_path(cfg.model.path)
         engine = make_engine(r, path, compute_dtype(cfg.model.dtype), cfg.seed,
-                             cfg.data.max_prompt_length + r.max_response_length)
+                             engine_length(cfg), dedicated=True)
         report = index % r.tensor_parallel == 0
 
         def generate(prompts, counts, seed, max_tokens):

