@@ -60,6 +60,21 @@ def split(cfg) -> tuple[str, int, int]:
     return "rollout", rank - learners, learners
 
 
+def own_device(env=os.environ) -> None:
+    """A rollout rank's GPU, chosen before anything touches CUDA (CUDA reads
+    CUDA_VISIBLE_DEVICES once, at its start): only its node-local device stays visible, as
+    device 0. Otherwise vLLM's single-process executor (tensor parallelism 1) takes device 0,
+    and every engine of a node lands on one GPU (out of memory, or NCCL's duplicate GPU). Where
+    CUDA_VISIBLE_DEVICES is unset the node's devices are 0..n-1 (a node without
+    /dev/nvidiactl has none, and keeps its environment)."""
+    local = int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0)
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if not visible and not os.path.exists("/dev/nvidiactl"):
+        return
+    env["CUDA_VISIBLE_DEVICES"] = visible[local % len(visible)] if visible else str(local)
+    env["LOCAL_RANK"] = "0"  # its one device, for vLLM's launcher and the bridge's NCCL group
+
+
 def job_store(name: str, timeout: datetime.timedelta) -> dist.Store:
     """A part of the job's own key-value store, at MASTER_ADDR:MASTER_PORT, named ``name`` and
     this start of the job (torchrun's restarts each get a fresh part). Under torchrun its agent
@@ -408,6 +423,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     from megatron_rlep.rollout import engine_length, make_engine
 
     r, a = cfg.rollout, cfg.algorithm
+    own_device()
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s)
     try:
         if r.tensor_parallel > 1:  # the engine's ranks: a process group of their own
