@@ -1,6 +1,6 @@
 """A step's timeline at the paper's scale, simulated: synchronous, one-step-off and fully async RL.
 
-    python benchmarks/async_timeline.py [--out docs] [--check]
+    python benchmarks/async_timeline.py [--out docs/records/async] [--check]
 
 What it is for: deciding on paper, before a GPU cluster is booked, what issue 48's placements
 would give on the paper's run (Qwen2.5-Math-7B, 64 GPUs, 512 prompts x (16 fresh + 2 replayed)
@@ -361,7 +361,7 @@ PAPER_STEP_S, PAPER_REPLAY_S = 160.0, 5.0  # the RLEP paper: a DAPO-nodyn-bs64 s
 # RLEP's 2 replays a group add under 5 s: the update of 16 fresh answers a group takes <= 8 x 5 s
 SPLITS = tuple(range(4, 61, 4))  # rollout GPUs of 64
 # this project's update at Qwen2.5-Math-7B's width (19 of its 28 layers), one H200, local specs
-# (docs/gpu_update_h200_qwen2.5-math-7b-slice.json)
+# (docs/records/gpu/gpu_update_h200_qwen2.5-math-7b-slice.json)
 MEASURED_MFU = 0.501
 
 
@@ -546,7 +546,7 @@ def run() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=Path("docs/records/async"))
     parser.add_argument("--check", action="store_true", help="print verl's published results beside the model's")
     args = parser.parse_args(argv)
     result = run()

@@ -1,8 +1,8 @@
 """The replay strategies against the DAPO baseline on the built-in demo's settings.
 
     python benchmarks/replay_strategies.py [--seeds 1 2 3] [--root runs/replay-strategies] \
-        [--arms rescue priority refresh] [--json docs/replay_strategies.json] \
-        [--plot docs/replay_strategies.png] [overrides ...]
+        [--arms rescue priority refresh] [--json docs/records/replay_strategies/replay_strategies.json] \
+        [--plot docs/records/replay_strategies/replay_strategies.png] [overrides ...]
 
 Per seed: ``python -m megatron_rlep.demo seed=K out=ROOT/seed-K`` (the baseline, its pool, RLEP
 with the paper's ``uniform`` replay, evaluations, report; a finished seed is not run again),

@@ -1,7 +1,7 @@
 """Rollout engines compared on this machine: vLLM (its CPU build here) against the transformers
 engine on the built-in model, fp32.
 
-    python benchmarks/rollout_engines.py [--repeats 3] [--json docs/rollout_engines.json]
+    python benchmarks/rollout_engines.py [--repeats 3] [--json docs/records/rollout_engines/rollout_engines.json]
 
 Each engine runs in its own child process (vLLM changes torch's thread settings), with the
 same prompts, counts, lengths and seeds: engine start-up, a weight sync (the model's own
