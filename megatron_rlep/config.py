@@ -168,6 +168,8 @@ class RolloutConfig:
     partial_kv: str = "recompute"
     extra_prompts: int = 0  # over-provisioning: prompts in flight beyond an update's
     timeout_s: float = 600.0  # disaggregated: the longest a learner waits on the rollout ranks
+    # disaggregated: the longest any rank waits at start-up for the others to reach the bridge
+    connect_timeout_s: float = 1800.0
 
 
 @dataclass
@@ -423,7 +425,7 @@ _RANGES = {  # key: (low, high), inclusive; None = unbounded
     "rollout.dedicated_gpu_memory_utilization": (0.0, 1.0),
     "algorithm.max_staleness": (0, None), "rollout.ranks": (0, None),
     "rollout.segment_tokens": (1, None), "rollout.extra_prompts": (0, None),
-    "rollout.timeout_s": (1.0, None),
+    "rollout.timeout_s": (1.0, None), "rollout.connect_timeout_s": (1.0, None),
     "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
     "parallel.expert_parallel": (1, None), "algorithm.router_aux_loss": (0.0, None),
     "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None),

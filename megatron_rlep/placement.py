@@ -39,6 +39,15 @@ from megatron_rlep import host_memory
 from megatron_rlep.rollout.stream import Answer, Flight, RolloutStream
 
 SIZE, DATA = 1, 2  # message tags: a length, then its bytes
+LINKS = datetime.timedelta(days=7)  # the message links' transport timeout: never the judge
+
+
+def nccl_options(timeout_s: float):
+    """The weight group's options: the run's timeout, not NCCL's ten-minute default, whose
+    watchdog would abort the job without the one-sentence error."""
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = datetime.timedelta(seconds=max(timeout_s, 60))
+    return options
 
 
 def split(cfg) -> tuple[str, int, int]:
@@ -93,29 +102,62 @@ def job_store(name: str, timeout: datetime.timedelta) -> dist.Store:
 
 class Bridge:
     """Learner 0 (bridge rank 0) and the rollout ranks (1..R): pickled messages point to point
-    and bucket broadcasts."""
+    and bucket broadcasts.
 
-    def __init__(self, rank: int, size: int, timeout_s: float):
-        self.timeout = datetime.timedelta(seconds=max(timeout_s, 60))
+    Liveness is the application's, not the transport's: the links never time out (a gloo
+    receive that waits past its group's timeout closes the pair, so a learner silent through a
+    long checkpoint save, or a rank with nothing to say, once broke the bridge), and every rank
+    says it is alive to its peers every few seconds from a thread of its own. A peer not heard
+    from for ``timeout_s`` is gone: ``receive`` and ``check`` say so in one sentence; one whose
+    process died breaks its connection at once. Start-up waits at most ``connect_s`` for every
+    rank of the bridge, and says so in the log."""
+
+    def __init__(self, rank: int, size: int, timeout_s: float, connect_s: float = 1800.0):
+        self.rank, self.size, self.timeout_s = rank, size, timeout_s
+        self.timeout = datetime.timedelta(seconds=connect_s)  # the stores' (start-up) deadline
         self.store = job_store("bridge", self.timeout)
-        self.rank, self.size = rank, size
+        self.meet(connect_s)
         self.messages = dist.ProcessGroupGloo(dist.PrefixStore("messages", self.store), rank,
-                                              size, self.timeout)
+                                              size, LINKS)
         if torch.cuda.is_available():
             self.weights = dist.ProcessGroupNCCL(dist.PrefixStore("weights", self.store), rank,
-                                                 size)
+                                                 size, nccl_options(timeout_s))
         else:
             self.weights = self.messages
+        self.lock = threading.Lock()  # a message's two sends are not split by a heartbeat's
         self.inbox: dict[int, queue.Queue] = {}
-        peers = range(1, size) if rank == 0 else [0]
-        for peer in peers:  # gloo's receive completes only in wait(): a thread a peer waits
-            self.inbox[peer] = queue.Queue()
+        self.heard: dict[int, float] = {}
+        self.closed = threading.Event()
+        for peer in self.peers():  # gloo's receive completes only in wait(): a thread a peer
+            self.inbox[peer], self.heard[peer] = queue.Queue(), time.monotonic()
             threading.Thread(target=self._read, args=(peer,), daemon=True,
                              name=f"bridge-from-{peer}").start()
+        threading.Thread(target=self._beat, daemon=True, name="bridge-heartbeat").start()
+
+    def peers(self) -> list[int]:
+        return list(range(1, self.size)) if self.rank == 0 else [0]
+
+    def meet(self, connect_s: float) -> None:
+        """Every rank of the bridge present within ``connect_s``, or one sentence."""
+        who = "learner 0" if self.rank == 0 else f"rollout rank {self.rank - 1}"
+        host = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"
+        print(f"{who}: waiting up to {connect_s:g} s (rollout.connect_timeout_s) for the "
+              f"bridge's {self.size} ranks at {host}", flush=True)
+        self.store.set(f"present/{self.rank}", "1")
+        try:
+            self.store.wait([f"present/{r}" for r in range(self.size)],
+                            datetime.timedelta(seconds=connect_s))
+        except RuntimeError:
+            missing = [r for r in range(self.size) if not self.store.check([f"present/{r}"])]
+            raise RuntimeError(
+                f"{who}: bridge ranks {missing} (0: learner 0, k: rollout rank k - 1) did not "
+                f"start within {connect_s:g} s (rollout.connect_timeout_s); their logs say why, "
+                "or raise the deadline where a job's nodes start slowly") from None
 
     def _read(self, peer: int) -> None:
-        """Messages from ``peer`` into its inbox, until a last one (``stop``, ``stopped``,
-        ``error``) or a broken connection (then an ``error`` message of its own)."""
+        """Messages from ``peer`` into its inbox (a heartbeat only marks it heard), until a last
+        one (``stop``, ``stopped``, ``error``) or a broken connection (then a ``broken``
+        message of its own)."""
         while True:
             try:
                 size = torch.zeros(1, dtype=torch.int64)
@@ -124,27 +166,63 @@ class Bridge:
                 self.messages.recv([data], peer, DATA).wait()
                 message = pickle.loads(data.numpy().tobytes())
             except Exception as err:  # noqa: BLE001 - the peer is gone: said once, in order
-                self.inbox[peer].put(("broken", f"{type(err).__name__}: {str(err)[:200]}"))
+                if not self.closed.is_set():
+                    self.inbox[peer].put(("broken", f"{type(err).__name__}: {str(err)[:200]}"))
                 return
+            self.heard[peer] = time.monotonic()
+            if message[0] == "alive":
+                continue
             self.inbox[peer].put(message)
             if message[0] in ("stop", "stopped", "error"):
                 return
 
+    def _beat(self) -> None:
+        """``alive`` to every peer every few seconds, until the bridge closes or breaks."""
+        every = min(max(self.timeout_s / 10, 0.2), 10.0)
+        while not self.closed.wait(every):
+            try:
+                for peer in self.peers():
+                    self.send(peer, ("alive",))
+            except Exception:  # noqa: BLE001 - a broken link: the reader says it
+                return
+
     def send(self, peer: int, message) -> None:
         data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
-        self.messages.send([torch.tensor([len(data)], dtype=torch.int64)], peer, SIZE).wait()
-        self.messages.send([data], peer, DATA).wait()
+        with self.lock:
+            self.messages.send([torch.tensor([len(data)], dtype=torch.int64)], peer, SIZE).wait()
+            self.messages.send([data], peer, DATA).wait()
+
+    def close(self) -> None:
+        """No more heartbeats (after the last message); the links end with the process."""
+        self.closed.set()
 
     def ready(self, peer: int) -> bool:
-        """Whether a message from ``peer`` is waiting."""
-        return not self.inbox[peer].empty()
+        """Whether a message from ``peer`` is waiting; TimeoutError if it went silent."""
+        if self.inbox[peer].empty():
+            self.check(peer)
+            return False
+        return True
+
+    def check(self, peer: int) -> None:
+        """TimeoutError where ``peer`` has said nothing, not even a heartbeat, for
+        ``timeout_s``: its process hangs with its threads, or its node stalls."""
+        silent = time.monotonic() - self.heard[peer]
+        if silent > self.timeout_s:
+            raise TimeoutError(f"timed out: bridge rank {peer} not heard from in {silent:.0f} s "
+                               f"(rollout.timeout_s={self.timeout_s:g}), not even its heartbeat")
 
     def receive(self, peer: int, timeout_s: float | None = None):
-        """The next message from ``peer``; TimeoutError after ``timeout_s`` without one."""
-        try:
-            return self.inbox[peer].get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError(f"nothing from bridge rank {peer} in {timeout_s:g} s") from None
+        """The next message from ``peer``; TimeoutError after ``timeout_s`` without one, or as
+        soon as the peer has been silent for the bridge's ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.inbox[peer].get(timeout=0.1)
+            except queue.Empty:
+                pass
+            self.check(peer)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"nothing from bridge rank {peer} in {timeout_s:g} s")
 
     def broadcast_buckets(self, buckets) -> int:
         """Learner 0: each bucket's names, shapes and dtypes as a message to every rollout rank,
@@ -193,7 +271,8 @@ def flat_bucket(bucket, device: torch.device) -> torch.Tensor:
 
 def learner_bridge(cfg, learner: int):
     """Learner 0's end of the bridge (None on the other learners)."""
-    return Bridge(0, 1 + cfg.rollout.ranks, cfg.rollout.timeout_s) if learner == 0 else None
+    r = cfg.rollout
+    return Bridge(0, 1 + r.ranks, r.timeout_s, r.connect_timeout_s) if learner == 0 else None
 
 
 def engines(cfg) -> list[list[int]]:
@@ -277,7 +356,9 @@ class RemoteStream(RolloutStream):
         landed, self.stashed = self.stashed, []
         while not landed:
             for engine in self.engine_ranks:
-                while self.bridge.ready(engine[0]):
+                for rank in engine[1:]:  # the engine's other ranks only say they are alive
+                    self._alive(rank)
+                while self._alive(engine[0]) and self.bridge.ready(engine[0]):
                     message = self._message(engine[0])
                     landed += message[1]
                     self._count(engine[0], message)
@@ -288,6 +369,14 @@ class RemoteStream(RolloutStream):
                         "(rollout.timeout_s): one hung or died; its log says which")
                 time.sleep(0.002)
         return landed
+
+    def _alive(self, rank: int) -> bool:
+        """True, or the rank's silence (no heartbeat for rollout.timeout_s) in one sentence."""
+        try:
+            self.bridge.check(rank)
+        except TimeoutError as err:
+            raise RolloutRankError(gone(rank, err)) from None
+        return True
 
     def _message(self, rank: int, timeout_s: float | None = None) -> tuple:
         """The next message from bridge rank ``rank``; its failure raised."""
@@ -380,6 +469,7 @@ class RemoteStream(RolloutStream):
                         pass
                 except (RuntimeError, TimeoutError):
                     pass  # a rank that is gone already
+        self.bridge.close()
 
     def _from_learner0(self, work):
         """``work()`` on learner 0, its result (or its failure, in one sentence) on every
@@ -424,7 +514,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
 
     r, a = cfg.rollout, cfg.algorithm
     own_device()
-    bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s)
+    bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
     try:
         if r.tensor_parallel > 1:  # the engine's ranks: a process group of their own
             os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks))  # vLLM reads them

@@ -26,7 +26,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import torch.distributed as dist
 
 from megatron_rlep import placement
 from megatron_rlep.config import Config, RunError
@@ -120,14 +119,13 @@ class Producer:
     the trainer is synchronous: ``streaming``)."""
 
     def __init__(self, cfg: Config, tokenizer, stop_ids, scorer, pool: ExperiencePool | None,
-                 engine, train_set: list[Example]):
+                 engine, train_set: list[Example], bridge=None):
         self.cfg, self.tokenizer, self.stop_ids, self.scorer = cfg, tokenizer, stop_ids, scorer
         self.pool, self.engine = pool, engine
         a, r = cfg.algorithm, cfg.rollout
-        if r.placement == "disaggregated":
-            self.stream = placement.RemoteStream(
-                placement.learner_bridge(cfg, dist.get_rank() if dist.is_initialized() else 0),
-                placement.engines(cfg), a.max_staleness, r.timeout_s)
+        if r.placement == "disaggregated":  # learner 0's end of the bridge (None elsewhere)
+            self.stream = placement.RemoteStream(bridge, placement.engines(cfg), a.max_staleness,
+                                                 r.timeout_s)
         else:
             self.stream = RolloutStream(self.segment, r.segment_tokens if r.partial else
                                         r.max_response_length, r.max_response_length,

@@ -100,6 +100,7 @@ class Trainer:
         # settings, model path, data and pool first: a mistake there stops before minutes of
         # start-up
         resolve_model_path(cfg.model.path)
+        bridge = self._bridge() if r.placement == "disaggregated" else None
         self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
                                        **tasks.loader_kwargs(cfg.data.train, cfg.data.levels,
                                                               cfg.data.train_size, cfg.seed))
@@ -138,7 +139,7 @@ class Trainer:
             r, self.actor.hf_path, self.actor.dtype, cfg.seed, engine_length(cfg))
         self.producer = Producer(cfg, self.tokenizer,
                                  model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
-                                 pool, self.engine, self.train_set)
+                                 pool, self.engine, self.train_set, bridge)
         self.stream = self.producer.stream
         self.step, in_flight = 0, []
         self.skipped_in_a_row = 0  # updates skipped for non-finite gradients, the latest ones
@@ -156,6 +157,18 @@ class Trainer:
         self.producer.dispatch_again(in_flight, self.step)
         if self.stream is not None and is_rank0():
             print(asynchrony_line(cfg), flush=True)
+
+    def _bridge(self):
+        """Learner 0's end of the bridge to the rollout ranks, up before the data, the pool and
+        the model load, so that the rollout ranks build their engines meanwhile (the learners'
+        process group first: under srun learner 0 serves the job's store)."""
+        p = self.cfg.parallel
+        try:
+            platform.init_distributed(p.tensor_parallel, p.pipeline_parallel, self.cfg.seed,
+                                      p.expert_parallel)
+        except ValueError as err:  # parallel sizes that do not fit the ranks started
+            raise RunError(str(err)) from None
+        return placement.learner_bridge(self.cfg, dist.get_rank())
 
     def too_many_skipped(self) -> bool:
         limit = self.cfg.algorithm.max_skipped_updates

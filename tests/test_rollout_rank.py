@@ -14,7 +14,7 @@ class Built(Exception):
 class FakeBridge:
     """Stands in for the bridge to learner 0: records what the rank says, answers stop."""
 
-    def __init__(self, rank, size, timeout_s):
+    def __init__(self, rank, size, timeout_s, connect_s):
         self.sent = []
         FakeBridge.last = self
 
@@ -77,3 +77,65 @@ def test_a_rollout_rank_sees_only_its_own_gpu_before_anything_touches_cuda(monke
     with pytest.raises(Built):
         placement.rollout_rank_main(cfg, 0, 1)
     assert seen == ["device", "bridge"]
+
+
+@pytest.fixture
+def job_store(monkeypatch):
+    """The job's store, as torchrun's agent keeps it: every bridge rank is its client."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "true")
+    yield server
+
+
+def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_peer(job_store):
+    """Finding 2: a learner with nothing to say for longer than rollout.timeout_s (a long
+    checkpoint save) leaves the bridge up, its heartbeats saying it is alive; a peer that is
+    not even heard from for rollout.timeout_s is found silent in one sentence."""
+    import threading
+    import time
+
+    ends = {}
+
+    def start(rank):
+        ends[rank] = placement.Bridge(rank, 2, timeout_s=2.0, connect_s=30)
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    learner, rollout = ends[0], ends[1]
+    time.sleep(5)  # 2.5 x the timeout without a message either way
+    learner.send(1, ("work", [(3, (1, 2), 2)]))
+    assert rollout.receive(0, None) == ("work", [(3, (1, 2), 2)])
+    rollout.send(0, ("landed", [], 0.0, {}))
+    assert learner.receive(1, 10)[0] == "landed"
+    learner.close()  # its heartbeats stop: as a learner whose node stalls
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"timed out: bridge rank 0 not heard from in \d+ s "
+                                           r"\(rollout.timeout_s=2\)"):
+        rollout.receive(0, None)
+    assert time.monotonic() - start < 2.0 + 1.5
+    rollout.close()
+
+
+def test_a_bridge_rank_that_never_comes_is_said_within_the_start_up_deadline(job_store, capsys):
+    """Finding 5: the start-up deadline is rollout.connect_timeout_s, said in the log, and the
+    ranks that did not come are named."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rollout rank 0: bridge ranks \[0\] .* did not start "
+                                           r"within 1 s \(rollout.connect_timeout_s\)"):
+        placement.Bridge(1, 2, timeout_s=5.0, connect_s=1)
+    assert time.monotonic() - start < 10
+    assert "rollout rank 0: waiting up to 1 s (rollout.connect_timeout_s) for the bridge's 2 " \
+        "ranks" in capsys.readouterr().out
