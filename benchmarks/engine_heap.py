@@ -10,7 +10,7 @@ step), sampled in two segments of 16 tokens with per-request seeds as the rollou
 them, then a reload of the weights from the model's files (unless ``--no-reload``). After each
 step one JSON line: the seconds its two segments of generation took and the live and free heap
 (``host_memory.heap_bytes``; tcmalloc's figures where it is preloaded). Set
-``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` to see what oneDNN's kernel cache holds (docs/scaling.md,
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` to see what oneDNN's kernel cache holds (docs/host_memory.md,
 "Host memory over a long run").
 
 ``--compare`` runs the varied job once per capacity of that cache in each of ``--rounds``

@@ -96,7 +96,7 @@ def with_cpu_runtime() -> None:
     Beside them, oneDNN keeps at most ``ONEDNN_CACHE`` compiled kernels (unless
     ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set): its default, 1,024, fills over hundreds of steps
     with the rollout's new batch shapes and grew a rollout rank's heap by 0.3-1.8 MiB a step
-    (benchmarks/engine_heap.py, docs/scaling.md). torch's own cache of oneDNN's matrix products
+    (benchmarks/engine_heap.py, docs/host_memory.md). torch's own cache of oneDNN's matrix products
     (ideep's, through which the actor's linear layers run on AMD CPUs, platform shim 13) keeps
     as many (``LRU_CACHE_CAPACITY`` unless set; its default, 1,024, grew a learner's live heap
     0.6 MiB a step, each new count of tokens in a micro-batch adding products).

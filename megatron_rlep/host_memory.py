@@ -126,7 +126,7 @@ class FreePageSettle:
     it), and counts a page as held whether or not it was ever written; the kernel makes it
     resident only when written. Without the release, steps wrote pages held since the warm-up a
     few at a time for hundreds of steps (the asynchronous soak's learner: 0.3 MiB a step for 170
-    steps, docs/scaling.md, "Host memory over a long run"). After it, steps start from no free
+    steps, docs/host_memory.md, "Host memory over a long run"). After it, steps start from no free
     pages and write every page they take: the process comes at once to the memory a long run
     holds (that learner: flat from the step after). Once only: every later release measured
     was followed by more memory than before it (the learner, +135 MiB; a rollout rank, +53 and

@@ -11,7 +11,7 @@ the token count summed over micro-batches and data-parallel ranks.
 On a GPU the host queues work ahead of the device; reading a value the device computes makes it
 wait. Within an update nothing is read per micro-batch: rows are picked by indices made on the
 host, metrics stay on the device until the step's end, and log-probs come to the host there,
-once (docs/scaling.md, "The update at a real load", has the audit).
+once (docs/gpu_runs.md, "The update at a real load", has the audit).
 
 The actor knows nothing of rollouts, rewards or replay.
 """
