@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import host_memory
+from megatron_rlep.rollout import messages as m
 from megatron_rlep.rollout.stream import Answer, Flight, RolloutStream
 
 SIZE, DATA = 1, 2  # message tags: a length, then its bytes
@@ -167,13 +168,13 @@ class Bridge:
                 message = pickle.loads(data.numpy().tobytes())
             except Exception as err:  # noqa: BLE001 - the peer is gone: said once, in order
                 if not self.closed.is_set():
-                    self.inbox[peer].put(("broken", f"{type(err).__name__}: {str(err)[:200]}"))
+                    self.inbox[peer].put(m.Broken(f"{type(err).__name__}: {str(err)[:200]}"))
                 return
             self.heard[peer] = time.monotonic()
-            if message[0] == "alive":
+            if isinstance(message, m.Alive):
                 continue
             self.inbox[peer].put(message)
-            if message[0] in ("stop", "stopped", "error"):
+            if isinstance(message, m.LAST):
                 return
 
     def _beat(self) -> None:
@@ -182,7 +183,7 @@ class Bridge:
         while not self.closed.wait(every):
             try:
                 for peer in self.peers():
-                    self.send(peer, ("alive",))
+                    self.send(peer, m.Alive())
             except Exception:  # noqa: BLE001 - a broken link: the reader says it
                 return
 
@@ -232,14 +233,14 @@ class Bridge:
         for bucket in buckets:
             header = [(name, tuple(t.shape), t.dtype) for name, t in bucket]
             for peer in range(1, self.size):
-                self.send(peer, ("bucket", header))
+                self.send(peer, m.Bucket(header))
             flat = flat_bucket(bucket, device)
             options = dist.BroadcastOptions()
             options.rootRank = 0
             self.weights.broadcast([flat], options).wait()
             sent += flat.numel()
         for peer in range(1, self.size):
-            self.send(peer, ("buckets done",))
+            self.send(peer, m.BucketsDone())
         return sent
 
     def receive_buckets(self, timeout_s: float):
@@ -248,9 +249,9 @@ class Bridge:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         while True:
             message = self.receive(0, timeout_s)
-            if message[0] == "buckets done":
+            if isinstance(message, m.BucketsDone):
                 return
-            header = message[1]
+            header = message.header
             sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
                      for _, shape, dtype in header]
             flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
@@ -323,13 +324,12 @@ class RemoteStream(RolloutStream):
         once (the learners must leave together)."""
         if self.bridge is None or not work:
             return
-        for i, item in enumerate(work):  # spread over the engines
-            engine = self.engine_ranks[(self.turn + i) % len(self.engine_ranks)]
-            for rank in engine:
-                try:
-                    self.bridge.send(rank, ("work", [item]))
-                except RuntimeError as err:
-                    self.failed = self.failed or gone(rank, err)
+        for i, item in enumerate(work):  # spread over the engines, to each one's reader
+            rank = self.engine_ranks[(self.turn + i) % len(self.engine_ranks)][0]
+            try:
+                self.bridge.send(rank, m.Work([item]))
+            except RuntimeError as err:
+                self.failed = self.failed or gone(rank, err)
         self.turn += len(work)
 
     def advance(self, version: int, seed: int) -> int:
@@ -356,11 +356,12 @@ class RemoteStream(RolloutStream):
         landed, self.stashed = self.stashed, []
         while not landed:
             for engine in self.engine_ranks:
-                for rank in engine[1:]:  # the engine's other ranks only say they are alive
-                    self._alive(rank)
+                for rank in engine[1:]:  # the engine's other ranks say only alive, or a failure
+                    if self._alive(rank) and self.bridge.ready(rank):
+                        self._message(rank)
                 while self._alive(engine[0]) and self.bridge.ready(engine[0]):
                     message = self._message(engine[0])
-                    landed += message[1]
+                    landed += message.flights
                     self._count(engine[0], message)
             if not landed:
                 if time.monotonic() > deadline:
@@ -381,26 +382,26 @@ class RemoteStream(RolloutStream):
     def _message(self, rank: int, timeout_s: float | None = None) -> tuple:
         """The next message from bridge rank ``rank``; its failure raised."""
         message = self.bridge.receive(rank, timeout_s)
-        if message[0] == "error":
-            raise RolloutRankError(f"rollout rank {rank} failed: {message[1]}")
-        if message[0] == "broken":
-            raise RolloutRankError(gone(rank, message[1]))
+        if isinstance(message, m.Failed):
+            raise RolloutRankError(f"rollout rank {rank} failed: {message.why}")
+        if isinstance(message, m.Broken):
+            raise RolloutRankError(gone(rank, message.why))
         return message
 
     def _reply(self, rank: int):
         """The reply awaited from ``rank``; finished flights that come first are kept."""
         while True:
             message = self._message(rank, self.timeout_s)
-            if message[0] != "landed":
-                return message[1]
-            self.stashed += message[1]
+            if not isinstance(message, m.Landed):
+                return message
+            self.stashed += message.flights
             self._count(rank, message)
 
-    def _count(self, rank: int, landed: tuple) -> None:
-        """A ``landed`` message's report: the engine's wait, and its memory where it sent it."""
-        self.waited += landed[2] / len(self.engine_ranks)
-        if landed[3]:
-            self.reported[rank] = landed[3]
+    def _count(self, rank: int, landed: m.Landed) -> None:
+        """A ``Landed`` message's report: the engine's wait, and its memory where it sent it."""
+        self.waited += landed.idle / len(self.engine_ranks)
+        if landed.memory:
+            self.reported[rank] = landed.memory
 
     def memory(self) -> dict[str, float]:
         """The rollout ranks' memory as last reported (``host_memory.metrics`` of each
@@ -411,12 +412,11 @@ class RemoteStream(RolloutStream):
                 out[key] = out.get(key, 0.0) + value
         return out
 
-    def request(self, message: tuple):
-        """Learner 0 asks engine 0 (``validate``, ``probe``) and every learner gets the reply."""
+    def probe(self, ids):
+        """Engine 0's log-probs of ``ids`` (the weight-sync check), on every learner."""
         def ask():
-            for rank in self.engine_ranks[0]:
-                self.bridge.send(rank, message)
-            return self._reply(self.engine_ranks[0][0])
+            self.bridge.send(self.engine_ranks[0][0], m.Probe(tuple(ids)))
+            return self._reply(self.engine_ranks[0][0]).logprobs
         return self._from_learner0(ask)
 
     def sample(self, prompts, counts, seed, **sampling) -> list:
@@ -425,12 +425,12 @@ class RemoteStream(RolloutStream):
             shares = [list(range(e, len(prompts), len(self.engine_ranks)))
                       for e in range(len(self.engine_ranks))]
             for engine, mine in zip(self.engine_ranks, shares):
-                for rank in engine:
-                    self.bridge.send(rank, ("generate", [prompts[i] for i in mine],
-                                            [counts[i] for i in mine], mine, seed, sampling))
+                self.bridge.send(engine[0], m.Generate([prompts[i] for i in mine],
+                                                       [counts[i] for i in mine], mine, seed,
+                                                       sampling))
             out = [None] * len(prompts)
             for engine, mine in zip(self.engine_ranks, shares):
-                for i, completions in zip(mine, self._reply(engine[0])):
+                for i, completions in zip(mine, self._reply(engine[0]).completions):
                     out[i] = completions
             return out
         return self._from_learner0(ask)
@@ -442,8 +442,7 @@ class RemoteStream(RolloutStream):
             if not self.failed:
                 try:
                     for engine in self.engine_ranks:
-                        for rank in engine:
-                            self.bridge.send(rank, ("weights", version))
+                        self.bridge.send(engine[0], m.Weights(version))
                     self.bridge.broadcast_buckets(buckets)
                 except RuntimeError as err:
                     self.failed = gone(0, err)
@@ -461,14 +460,14 @@ class RemoteStream(RolloutStream):
         so that no receive is left open when the processes end."""
         if self.bridge is None:
             return
-        for engine in self.engine_ranks:
-            for rank in engine:
-                try:
-                    self.bridge.send(rank, ("stop",))
-                    while self.bridge.receive(rank, 30)[0] not in ("stopped", "error", "broken"):
-                        pass
-                except (RuntimeError, TimeoutError):
-                    pass  # a rank that is gone already
+        for engine in self.engine_ranks:  # its reader passes it on to the engine's other ranks
+            try:
+                self.bridge.send(engine[0], m.Stop())
+                while not isinstance(self.bridge.receive(engine[0], 30),
+                                     (m.Stopped, m.Failed, m.Broken)):
+                    pass
+            except (RuntimeError, TimeoutError):
+                pass  # a rank that is gone already
         self.bridge.close()
 
     def _from_learner0(self, work):
@@ -511,20 +510,43 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     from megatron_rlep.builtin_model import resolve_model_path
     from megatron_rlep.platform import compute_dtype
     from megatron_rlep.rollout import engine_length, make_engine
+    from megatron_rlep.rollout.base import request_seed
 
     r, a = cfg.rollout, cfg.algorithm
     own_device()
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
     try:
+        peers = None  # the ranks of this rank's engine, where it has several
         if r.tensor_parallel > 1:  # the engine's ranks: a process group of their own
             os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks))  # vLLM reads them
             dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl",
                                     store=job_store("rollout", bridge.timeout), rank=index,
                                     world_size=r.ranks)
+            first = index - index % r.tensor_parallel
+            for start in range(0, r.ranks, r.tensor_parallel):  # every rank makes every group
+                group = dist.new_group(list(range(start, start + r.tensor_parallel)),
+                                       backend="gloo")
+                if start == first:
+                    peers = (group, first)
         path = resolve_model_path(cfg.model.path)
         engine = make_engine(r, path, compute_dtype(cfg.model.dtype), cfg.seed,
                              engine_length(cfg), dedicated=True)
-        report = index % r.tensor_parallel == 0
+        report = index % r.tensor_parallel == 0  # the engine's reader: it alone reads and says
+
+        def next_message(busy: bool):
+            """The learner's next message for this engine, or None to go on sampling: its
+            reader takes it from the bridge (waiting when there is nothing to sample) and passes
+            it to the engine's other ranks, so that every rank of one engine does the same
+            things in the same order (each reading the bridge on its own, a message could land
+            between one rank's segment and another's)."""
+            message = None
+            if report and (not busy or bridge.ready(0)):
+                message = bridge.receive(0, None)
+            if peers is not None:
+                box = [message]
+                dist.broadcast_object_list(box, src=peers[1], group=peers[0])
+                message = box[0]
+            return message
 
         def generate(prompts, counts, seed, max_tokens):
             return engine.generate(prompts, counts, seed=seed, temperature=r.temperature,
@@ -539,50 +561,53 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
         settle_pages = host_memory.FreePageSettle("perf/rollout_")
         memory = host_memory.metrics("perf/rollout_") if report else {}
         while True:
-            if not stream.pending() or bridge.ready(0):
-                start = time.monotonic()
-                message = bridge.receive(0, None)
-                kind = message[0]
-                if kind == "stop":
-                    engine.close()  # now, not when a sweep's later job collects it
-                    bridge.send(0, ("stopped",))
-                    return
-                if kind == "broken":
-                    raise RolloutRankError(f"the bridge to learner 0 broke ({message[1]})")
-                if kind == "work":
-                    stream.dispatch([Flight(p, ids, n) for p, ids, n in message[1]], version)
-                elif kind == "weights":
-                    version = message[1]
-                    engine.load_weights(bridge.receive_buckets(r.timeout_s),
-                                        keep_cache=r.partial_kv == "keep")
-                    released = settle_pages()
-                    memory = {**released, **host_memory.metrics("perf/rollout_")} \
-                        if report else {}
-                if kind in ("work", "weights"):
-                    idle += time.monotonic() - start
-                elif kind == "generate":
-                    _, prompts, counts, places, seed, sampling = message
-                    from megatron_rlep.rollout.base import request_seed
-                    if r.partial_kv == "keep":
-                        engine.clear_cache()  # validated by the current weights alone
-                    out = engine.generate(prompts, counts, seed=[request_seed(seed, i)
-                                                                 for i in places], **sampling)
-                    if report:
-                        bridge.send(0, ("generated", out))
-                elif kind == "probe":
-                    if report:
-                        bridge.send(0, ("probed", engine.sequence_logprobs(message[1])))
+            start = time.monotonic()
+            message = next_message(bool(stream.pending()))
+            if isinstance(message, m.Stop):
+                engine.close()  # now, not when a sweep's later job collects it
+                if report:
+                    bridge.send(0, m.Stopped())
+                bridge.close()
+                return
+            if isinstance(message, m.Broken):
+                raise RolloutRankError(f"the bridge to learner 0 broke ({message.why})")
+            if isinstance(message, m.Work):
+                stream.dispatch([Flight(p, ids, n) for p, ids, n in message.flights], version)
+            elif isinstance(message, m.Weights):
+                version = message.version
+                engine.load_weights(bridge.receive_buckets(r.timeout_s),
+                                    keep_cache=r.partial_kv == "keep")
+                print(f"rollout rank {index}: weights of version {version} loaded; "
+                      f"{len(stream.flights)} prompts in flight, positions "
+                      f"{sorted(f.position for f in stream.flights)[:8]}", flush=True)
+                released = settle_pages()
+                memory = {**released, **host_memory.metrics("perf/rollout_")} if report else {}
+            elif isinstance(message, m.Generate):
+                if r.partial_kv == "keep":
+                    engine.clear_cache()  # validated by the current weights alone
+                out = engine.generate(message.prompts, message.counts,
+                                      seed=[request_seed(message.seed, i) for i in message.places],
+                                      **message.sampling)
+                if report:
+                    bridge.send(0, m.Generated(out))
+            elif isinstance(message, m.Probe):
+                logprobs = engine.sequence_logprobs(message.ids)
+                if report:
+                    bridge.send(0, m.Probed(logprobs))
+            if isinstance(message, (m.Work, m.Weights)):
+                idle += time.monotonic() - start
+            if message is not None:
                 continue
             stream.advance(version, cfg.seed)
             landed = stream.take(len(stream.flights), version)
             if landed and report:
-                bridge.send(0, ("landed", [(f.position, [(a.token_ids, a.logprobs, a.versions,
-                                                          a.finished) for a in f.answers])
-                                           for f in landed], idle, memory))
+                bridge.send(0, m.Landed([(f.position, [(a.token_ids, a.logprobs, a.versions,
+                                                        a.finished) for a in f.answers])
+                                         for f in landed], idle, memory))
                 idle, memory = 0.0, {}
     except Exception as err:  # noqa: BLE001 - told to the learner in one line
         try:
-            bridge.send(0, ("error", f"{type(err).__name__}: {str(err)[:300]}"))
+            bridge.send(0, m.Failed(f"{type(err).__name__}: {str(err)[:300]}"))
             bridge.receive(0, 60)  # the learner's stop: it ends the run in its own words first
         finally:
             raise

@@ -283,7 +283,7 @@ class Trainer:
         actor = torch.log_softmax(self.actor.logits(ids)[0, :-1].float(), -1)
         actor = actor.gather(-1, ids[0, 1:, None])[:, 0]
         diff = torch.zeros(2, device=platform.device())
-        engine = self.stream.request(("probe", probe)) if self.remote else \
+        engine = self.stream.probe(probe) if self.remote else \
             self.engine.sequence_logprobs(probe) if self.engine is not None else None
         if engine is not None:
             gap = (engine - actor.cpu()).abs()

@@ -4,6 +4,7 @@ the engine it builds, with the bridge and the engine stood in for."""
 import pytest
 
 from megatron_rlep import placement
+from megatron_rlep.rollout import messages
 from megatron_rlep.config import compose
 
 
@@ -22,7 +23,7 @@ class FakeBridge:
         self.sent.append(message)
 
     def receive(self, peer, timeout_s=None):
-        return ("stop",)
+        return messages.Stop()
 
 
 def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itself(monkeypatch):
@@ -47,7 +48,7 @@ def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itsel
     with pytest.raises(Built):
         placement.rollout_rank_main(cfg, 0, 1)
     assert asked == {"max_model_len": 64 + 96, "dedicated": True}
-    assert FakeBridge.last.sent[0][0] == "error"  # told to learner 0 before the rank exits
+    assert isinstance(FakeBridge.last.sent[0], messages.Failed)  # said before the rank exits
 
 
 def test_a_rollout_rank_sees_only_its_own_gpu_before_anything_touches_cuda(monkeypatch):
@@ -114,10 +115,10 @@ def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_
         t.join()
     learner, rollout = ends[0], ends[1]
     time.sleep(5)  # 2.5 x the timeout without a message either way
-    learner.send(1, ("work", [(3, (1, 2), 2)]))
-    assert rollout.receive(0, None) == ("work", [(3, (1, 2), 2)])
-    rollout.send(0, ("landed", [], 0.0, {}))
-    assert learner.receive(1, 10)[0] == "landed"
+    learner.send(1, messages.Work([(3, (1, 2), 2)]))
+    assert rollout.receive(0, None) == messages.Work([(3, (1, 2), 2)])
+    rollout.send(0, messages.Landed([]))
+    assert isinstance(learner.receive(1, 10), messages.Landed)
     learner.close()  # its heartbeats stop: as a learner whose node stalls
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"timed out: bridge rank 0 not heard from in \d+ s "
