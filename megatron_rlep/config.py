@@ -101,10 +101,10 @@ class AlgorithmConfig:
     epochs: int = 1
     # the old policy's log-probs of the fresh answers in the step's later mini-batches: actor (a
     # forward pass of the actor before the first update) | rollout (the engine's, recorded as it
-    # sampled; no forward pass, docs/usage.md). The first mini-batch takes its own forward's.
+    # sampled; no forward pass, docs/training.md). The first mini-batch takes its own forward's.
     old_logp: str = "actor"
     # asynchronous rollout: a group trains at most this many policy versions after its oldest
-    # token was sampled (0: today's synchronous trainer; docs/usage.md, "Asynchronous rollout")
+    # token was sampled (0: today's synchronous trainer; docs/training.md, "Asynchronous rollout")
     max_staleness: int = 0
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -149,11 +149,11 @@ class RolloutConfig:
     dedicated_gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0  # vLLM on CPU: KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     # vLLM on CPU: torch.compile the model (faster rollouts; the engine's start compiles,
-    # docs/usage.md has the costs) instead of running it eagerly
+    # docs/training.md has the costs) instead of running it eagerly
     cpu_compile: bool = False
     batch_size: int = 64  # sequences per generate call (transformers engine)
     check_sync: bool = False  # after each weight sync, compare engine and actor log-probs
-    # asynchronous rollout (algorithm.max_staleness > 0; docs/usage.md): where the engines run:
+    # asynchronous rollout (algorithm.max_staleness > 0; docs/training.md): where the engines run:
     # colocated (the training ranks, time-sliced) | disaggregated (the job's last `ranks` ranks
     # generate while the others train; weights go to them by broadcast after each update)
     placement: str = "colocated"

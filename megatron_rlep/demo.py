@@ -157,7 +157,7 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
     steps, group = train.algorithm.total_steps, train.algorithm.rollouts_per_prompt
     units = sum(math.ceil(n / EVAL_CHUNK) for n in n_eval)
 
-    # disaggregated placement (docs/usage.md): one learner and the rollout ranks, torchrun's
+    # disaggregated placement (docs/training.md): one learner and the rollout ranks, torchrun's
     launch = [py] if rollout.placement != "disaggregated" else \
         [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          str(1 + rollout.ranks)]

@@ -24,7 +24,7 @@ copied to the answer before each call, and what it wrote there copied back. What
 (a generator, a module, an object of a class the test file defined) raises ``CannotCross``
 with the reason, and that test fails. Tests that patch the candidate's objects (``mock.patch``
 of ``solution``, ``monkeypatch`` on it) cannot reach them: they fail with that reason
-(``code.needs_candidate_process`` finds them; ``docs/usage.md``).
+(``code.needs_candidate_process`` finds them; ``docs/code_sandbox.md``).
 
 Protocol: the first line in is the candidate's ``ready`` message (``candidate_host.py``),
 then the reply to each request this process writes; the last line out is

@@ -257,7 +257,7 @@ class Scorer:
             raise RunError(f"the code sandbox could not run {len(infra)} of {len(scores)} "
                            f"answers in {what} ({infra[0].error}): run on a node with user "
                            "namespaces and Landlock, or set verifier.code.require_isolation="
-                           "false to accept weaker isolation (docs/usage.md)")
+                           "false to accept weaker isolation (docs/code_sandbox.md)")
 
     def close(self) -> None:
         for worker in self.workers:
