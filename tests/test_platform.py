@@ -1,5 +1,7 @@
 """Megatron-Core on the CPU under torchrun: TP=2 and PP=2 forward/backward, the pipeline
-schedule, gradient clipping and a distributed checkpoint round trip (tests/distributed/)."""
+schedule, gradient clipping and a distributed checkpoint round trip (tests/distributed/); the RNG
+tracker's fork, and speed-ups 12 and 13 against Megatron-Core's own. Each patch one by one, and
+each stopping where it no longer fits: tests/test_platform_patches.py."""
 
 import os
 import subprocess
@@ -131,7 +133,7 @@ print(live[199] - live[49])
 
 
 def test_onednn_products_of_ever_new_shapes_keep_the_live_heap_flat():
-    """The actor's linear products through oneDNN (shim 13, AMD CPUs) meet a new count of tokens
+    """The actor's linear products through oneDNN (CPU speed-up 13, AMD CPUs) meet a new count of tokens
     at almost every micro-batch: under the trainer's CPU runtime the live heap stays put over
     150 new shapes; with torch's cache of them at its default (1,024) it grows (86 MiB here)."""
     grown = []
@@ -167,7 +169,7 @@ print("SHIM", f.swiglu_back.__module__)
 
 
 def test_the_cpu_swiglu_backward_is_the_derivative_of_silu_times_the_gate():
-    """Platform shim 12: Megatron-Core's SwiGLU backward (plain and biased) through the CPU's
+    """CPU speed-up 12: Megatron-Core's SwiGLU backward (plain and biased) through the CPU's
     two-pass version gives the float64 derivative of silu(y1) * y2 in fp32 and bf16."""
     result = subprocess.run([sys.executable, "-c", SWIGLU], capture_output=True, text=True,
                             timeout=scaled(300), env=env([sys.executable]),
@@ -177,7 +179,7 @@ def test_the_cpu_swiglu_backward_is_the_derivative_of_silu_times_the_gate():
     assert [(dtype, name, ok) for _, dtype, name, ok, _ in lines] == [
         ("torch.float32", "plain", "True"), ("torch.float32", "biased", "True"),
         ("torch.bfloat16", "plain", "True"), ("torch.bfloat16", "biased", "True")], lines
-    assert "SHIM megatron_rlep.platform" in result.stdout
+    assert "SHIM megatron_rlep.platform.cpu_speedups" in result.stdout
 
 
 ONEDNN = """
@@ -239,7 +241,7 @@ platform.destroy_distributed()
 
 
 def test_the_linear_products_through_onednn_are_megatrons():
-    """Platform shim 13 (on CPUs not Intel's, unless MEGATRON_RLEP_ONEDNN=0): the forward,
+    """CPU speed-up 13 (on CPUs not Intel's, unless MEGATRON_RLEP_ONEDNN=0): the forward,
     input, weight (added into main_grad, or as a gradient) and bias gradients of Megatron-Core's
     linear function, to fp32 rounding of the float64 products, also in checkpointed chunks and
     with TP's input-gradient all-reduce; sequence parallelism keeps Megatron-Core's function."""
