@@ -78,7 +78,7 @@ def cpu_runtime_libraries() -> list[str]:
 
 def with_cpu_runtime() -> None:
     """On a host without NVIDIA GPUs, run this command again with ``cpu_runtime_libraries``
-    preloaded (docs/usage.md, "CPU runtime"; the measurements in docs/benchmarks.md).
+    preloaded (docs/usage.md, "Running on CPU"; the measurements in docs/cpu_speed.md).
 
     - tcmalloc (Debian's libtcmalloc-minimal4, which scripts/env.sh installs where it can): steps
       about 1.1x faster than under glibc's allocator, with less of the kernel's time
