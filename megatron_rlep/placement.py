@@ -225,12 +225,19 @@ class Bridge:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"nothing from bridge rank {peer} in {timeout_s:g} s")
 
-    def broadcast_buckets(self, buckets) -> int:
+    def broadcast_buckets(self, buckets, in_flight: int = 2) -> int:
         """Learner 0: each bucket's names, shapes and dtypes as a message to every rollout rank,
-        then its tensors as one flat broadcast; returns the bytes sent."""
+        then its tensors as one flat broadcast; returns the bytes sent. On a GPU a broadcast's
+        ``wait`` holds the stream, not the host, so the host waits for the broadcast
+        ``in_flight`` buckets back before it copies the next one flat: at most that many flat
+        copies exist at once (else learner 0 could hold a second copy of the model)."""
         sent = 0
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda") if cuda else torch.device("cpu")
+        done: list = []  # per bucket sent, an event the host can wait on (GPU)
         for bucket in buckets:
+            if cuda and len(done) >= in_flight:
+                done[-in_flight].synchronize()
             header = [(name, tuple(t.shape), t.dtype) for name, t in bucket]
             for peer in range(1, self.size):
                 self.send(peer, m.Bucket(header))
@@ -238,6 +245,9 @@ class Bridge:
             options = dist.BroadcastOptions()
             options.rootRank = 0
             self.weights.broadcast([flat], options).wait()
+            if cuda:
+                done.append(torch.cuda.Event())
+                done[-1].record()
             sent += flat.numel()
         for peer in range(1, self.size):
             self.send(peer, m.BucketsDone())

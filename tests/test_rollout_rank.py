@@ -140,3 +140,40 @@ def test_a_bridge_rank_that_never_comes_is_said_within_the_start_up_deadline(job
     assert time.monotonic() - start < 10
     assert "rollout rank 0: waiting up to 1 s (rollout.connect_timeout_s) for the bridge's 2 " \
         "ranks" in capsys.readouterr().out
+
+
+def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monkeypatch):
+    """Finding 4: on a GPU a broadcast's wait holds the stream, not the host, so the host once ran
+    ahead and made every bucket's flat copy before the first crossed; now it waits for the
+    broadcast two buckets back before it copies the next (CUDA stood in for, in order)."""
+    import torch
+
+    order = []
+
+    class Event:
+        def __init__(self):
+            self.index = sum(1 for o in order if o[0] == "broadcast") - 1
+
+        def record(self):
+            order.append(("record", self.index))
+
+        def synchronize(self):
+            order.append(("wait for", self.index))
+
+    class Group:
+        def broadcast(self, tensors, options):
+            order.append(("broadcast", len(tensors[0])))
+            return type("Work", (), {"wait": lambda self: None})()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(placement, "flat_bucket", lambda bucket, device: order.append(
+        ("copy", bucket[0][0])) or torch.zeros(4, dtype=torch.uint8))
+    bridge = placement.Bridge.__new__(placement.Bridge)
+    bridge.size, bridge.weights = 2, Group()
+    bridge.send = lambda peer, message: None
+    buckets = [[(f"b{k}", torch.zeros(1))] for k in range(4)]
+    assert bridge.broadcast_buckets(buckets) == 16
+    copies = [i for i, o in enumerate(order) if o[0] == "copy"]
+    assert order[copies[2] - 1] == ("wait for", 0) and order[copies[3] - 1] == ("wait for", 1)
+    assert sum(o[0] == "wait for" for o in order) == 2
