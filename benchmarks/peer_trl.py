@@ -98,8 +98,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "studies"))
 
-from demo_seeds import T_975  # noqa: E402 - the t quantiles, beside this script
+from demo_seeds import T_975  # noqa: E402 - the t quantiles the seed studies use
 
 TRL_VERSION = "1.16.0"  # setup.py's bench extra
 MODES = ("ours", "trl", "ours-transformers", "ours-rollout-logp", "ours-compiled", "ours-no-share",

@@ -252,7 +252,7 @@ def test_seed_study_pools_the_paired_differences_over_seeds(tmp_path):
             "seed": seed, "total_seconds": 600.0, "pool": {"questions": 10, "mean_pass_rate": 0.5},
             "runs": {"baseline": run, "rlep": run},
             "paired": {"evaluation": diff(ev), "area": diff(ar), "validation": [diff(0.0)]}}))
-    tool = Path(__file__).resolve().parent.parent / "benchmarks" / "demo_seeds.py"
+    tool = Path(__file__).resolve().parent.parent / "studies" / "demo_seeds.py"
     done = subprocess.run([sys.executable, str(tool), "--seeds", "1", "2", "3", "--root",
                            str(tmp_path), "--json", str(tmp_path / "seeds.json")],
                           capture_output=True, text=True)  # every seed is there: nothing runs
@@ -298,7 +298,7 @@ def test_seed_study_compares_rlep_with_the_compute_matched_control(tmp_path):
                                                "validation": [diff(rm)]},
                         "matched_minus_baseline": {"evaluation": diff(mb), "area": diff(mb / 2),
                                                    "validation": [diff(mb)]}}}))
-    tool = Path(__file__).resolve().parent.parent / "benchmarks" / "demo_seeds.py"
+    tool = Path(__file__).resolve().parent.parent / "studies" / "demo_seeds.py"
     done = subprocess.run([sys.executable, tool, "--seeds", "1", "2", "--root", str(tmp_path),
                            "--json", str(tmp_path / "seeds.json"), "compare=matched"],
                           capture_output=True, text=True)
@@ -343,7 +343,7 @@ def test_strategy_study_compares_each_arm_with_the_baseline_point_by_point(tmp_p
         write_run(out / "rescue", 2.5, 9, [1, 1, 2 + seed])
         write_run(out / "matched", 2.4, 10, [1, 1, 2])  # G + M fresh rollouts, no replays
         (out / "report.json").write_text("{}")
-    tool = Path(__file__).resolve().parent.parent / "benchmarks" / "replay_strategies.py"
+    tool = Path(__file__).resolve().parent.parent / "studies" / "replay_strategies.py"
     done = subprocess.run([sys.executable, str(tool), "--seeds", "1", "2", "--root", str(tmp_path),
                            "--arms", "uniform", "rescue", "matched", "--json",
                            str(tmp_path / "arms.json")],

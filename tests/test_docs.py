@@ -4,8 +4,8 @@ What it checks, over README.md and docs/ (no network, no model; a second at most
 - every page under docs/ is linked from docs/README.md, the index;
 - every relative link (and image) in README.md and the docs' pages resolves to a file, and a
   link's #anchor to a heading of the page it names;
-- every path under docs/ that a page, or the code (megatron_rlep/, benchmarks/, tools/, tests/,
-  scripts/, slurm/, conf/), names exists (a record, a page; a glob matches something);
+- every path under docs/ that a page, or the code (megatron_rlep/, benchmarks/, studies/, tools/,
+  tests/, scripts/, slurm/, conf/), names exists (a record, a page; a glob matches something);
 - records (JSON, PNG, JSONL) live in folders by study under docs/records/, none loose in docs/,
   and every one is cited by some page;
 - no page is longer than 400 lines.
@@ -20,7 +20,7 @@ DOCS = REPO / "docs"
 MAX_LINES = 400
 # paths that look like this repository's docs/ but are another project's
 NOT_OURS = {"docs/advance/one_step_off.md", "docs/advance/fully_async.md"}  # verl's documentation
-CODE_DIRS = ("megatron_rlep", "benchmarks", "tools", "tests", "scripts", "slurm", "conf")
+CODE_DIRS = ("megatron_rlep", "benchmarks", "studies", "tools", "tests", "scripts", "slurm", "conf")
 CODE_SUFFIXES = {".py", ".sh", ".yaml", ".sbatch", ".md", ".txt", ".cfg"}
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

@@ -1,4 +1,4 @@
-"""benchmarks/staleness_study.py on demo trees written here by hand: the differences from the
+"""studies/staleness_study.py on demo trees written here by hand: the differences from the
 synchronous arm, each arm's RLEP minus its baseline, the minutes each arm takes to reach the
 synchronous baseline's peak, and the means of what the runs logged of their lags."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "studies"))
 import staleness_study  # noqa: E402
 
 QUESTIONS = ["q1", "q2", "q3", "q4"]
@@ -89,13 +89,13 @@ def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
 def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):
     roots = arms(tmp_path)
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "staleness_study.py"),
+    done = subprocess.run([sys.executable, str(REPO / "studies" / "staleness_study.py"),
                            "--arms", f"sync={roots['sync']}", f"n2={tmp_path / 'empty'}"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert "holds no finished demo seed" in done.stderr and "demo_seeds.py --root" in done.stderr
     out = tmp_path / "study.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "staleness_study.py"),
+    done = subprocess.run([sys.executable, str(REPO / "studies" / "staleness_study.py"),
                            "--arms", f"sync={roots['sync']}", f"n1={roots['n1']}", "--json",
                            str(out)],
                           capture_output=True, text=True, check=True)

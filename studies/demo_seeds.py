@@ -1,6 +1,6 @@
 """The two-phase demo for several seeds, and what they say together.
 
-    python benchmarks/demo_seeds.py [--seeds 1 2 3 4 5] [--root runs/demo-seeds] \
+    python studies/demo_seeds.py [--seeds 1 2 3 4 5] [--root runs/demo-seeds] \
         [--json docs/records/demo_history/demo_seeds.json] [--prune] [demo or training overrides ...]
 
 Runs ``python -m megatron_rlep.demo seed=K out=ROOT/seed-K`` for each seed (a finished seed is

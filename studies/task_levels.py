@@ -1,6 +1,6 @@
 """Pass rate of the built-in model on each level of a built-in task (test split).
 
-    python benchmarks/task_levels.py [--task arithmetic|code|logic] [--questions 32] \
+    python studies/task_levels.py [--task arithmetic|code|logic] [--questions 32] \
         [--samples 4] [--max-tokens 64] [--engine auto|vllm|transformers] [--json FILE]
 
 Samples at temperature 1.0, top-p 1.0 with the rollout engine (``auto``: vLLM where it imports),

@@ -1,6 +1,6 @@
 """The replay strategies against the DAPO baseline on the built-in demo's settings.
 
-    python benchmarks/replay_strategies.py [--seeds 1 2 3] [--root runs/replay-strategies] \
+    python studies/replay_strategies.py [--seeds 1 2 3] [--root runs/replay-strategies] \
         [--arms rescue priority refresh] [--json docs/records/replay_strategies/replay_strategies.json] \
         [--plot docs/records/replay_strategies/replay_strategies.png] [overrides ...]
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "studies"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 ARMS = {

@@ -5,11 +5,11 @@ One seed of every arm at a time (a demo resumes its finished runs, so a machine'
 runs out leaves paired seeds); the synchronous arm builds each seed's pool, and every other
 arm's RLEP replays that same pool (the demo's ``pool`` key):
 
-    python benchmarks/demo_seeds.py --seeds 1 --root runs/stale/sync --prune
-    python benchmarks/demo_seeds.py --seeds 1 --root runs/stale/n2 --prune \
+    python studies/demo_seeds.py --seeds 1 --root runs/stale/sync --prune
+    python studies/demo_seeds.py --seeds 1 --root runs/stale/n2 --prune \
         pool=runs/stale/sync/seed-1/pool algorithm.max_staleness=2 rollout.partial=true \
         rollout.segment_tokens=16 rollout.extra_prompts=8 [algorithm.correction....]
-    python benchmarks/staleness_study.py --arms sync=runs/stale/sync n2=runs/stale/n2 ... \
+    python studies/staleness_study.py --arms sync=runs/stale/sync n2=runs/stale/n2 ... \
         [--seeds 1 2 3 4 5] [--json docs/records/staleness/staleness_study.json]
 
 The first arm is the reference. For every other arm and each of the demo's runs (baseline,
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
             p.error(f"--arms {spec}: give NAME=ROOT, e.g. n1=runs/stale/n1")
         if not seeds_of(Path(root)):
             p.error(f"--arms {spec}: {root} holds no finished demo seed (seed-K/report.json); "
-                    "run benchmarks/demo_seeds.py --root there first")
+                    "run studies/demo_seeds.py --root there first")
         arms[n] = Path(root)
     result = study(arms, args.seeds)
     print(markdown(result))
