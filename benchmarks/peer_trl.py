@@ -196,8 +196,8 @@ DIFFERENCES = [
     ("CPU runtime", "both run under Intel's OpenMP and tcmalloc (where installed), preloaded "
      "(cli.with_cpu_runtime): this trainer always does on a CPU host, and TRL gets the same "
      "here; under torch's own GNU OpenMP this trainer's updates after a checkpoint save are "
-     "about 20% slower (benchmarks/openmp_runtime.py), under glibc's allocator its steps about "
-     "10% (benchmarks/allocator.py)", "neither"),
+     "about 20% slower, under glibc's allocator its steps about 10% (docs/cpu_speed.md)",
+     "neither"),
     ("importance-sampling correction, mode trl-vllm", "TRL corrects for vLLM's sampling numerics "
      "(vllm_importance_sampling_correction, its default) from the old log-probs it computes "
      "anyway; this trainer applies none by default", "neither: a few element-wise operations"),

@@ -245,18 +245,3 @@ def test_both_trainers_train_the_same_tiny_job_and_are_measured_and_evaluated(tm
     # warm-up); TRL's own default would log 1e-05
     trl_log = (out / "trl.log").read_text()
     assert "'learning_rate': '5e-06'" in trl_log
-
-
-def test_the_allocator_benchmark_composes_the_trl_job(tmp_path):
-    """benchmarks/allocator.py runs the trainer on this benchmark's short job (its command once
-    fell behind this file's and failed before its first run)."""
-    import argparse
-
-    import allocator
-    from megatron_rlep.config import compose
-
-    cfg = compose(allocator.trainer_overrides(
-        argparse.Namespace(model="smollm2-135m", seed=1, steps=6), tmp_path / "run"))
-    a = cfg.algorithm
-    assert (a.total_steps, a.rollouts_per_prompt, a.prompts_per_rollout) == (6, 6, 4)
-    assert cfg.rollout.engine == "vllm" and cfg.logging.save_every == 3
