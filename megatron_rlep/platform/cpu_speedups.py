@@ -192,7 +192,7 @@ def linear_products_through_onednn() -> None:
     stays MKL's ``addmm_`` (11), faster even there. fp32 only; sequence parallelism and deferred
     weight gradients keep Megatron-Core's own function. The same products to fp32 rounding; on
     an AVX-512 AMD EPYC the demo's update 1.08-1.12x faster (benchmarks/actor_step.py
-    ``--onednn``, benchmarks/cpu_gemm.py)."""
+    ``--onednn``; the products alone: docs/cpu_speed.md)."""
     from megatron.core.tensor_parallel import layers
 
     megatron_linear = layers.linear_with_grad_accumulation_and_async_allreduce
