@@ -6,6 +6,7 @@ token-mean GRPO loss, backward, gradient clipping and an Adam step. The two alte
 of the machine hits both alike; the result is the ratio of their token throughputs.
 
     python benchmarks/actor_step.py [--sequences 8 --prompt 64 --response 192 --repeats 3]
+        [--model smollm2-135m] [--peak-size 4096]
 
 With ``--compile`` it times the Megatron-Core step twice instead: with ``torch.compile`` on
 (Megatron-Core's ``jit_fuser`` compiles its fused functions) and off (what the CPU shims do),
@@ -17,7 +18,8 @@ with ``parallel.share_prompts`` (each prompt computed once per micro-batch row) 
 Every run also counts the Megatron-Core step's floating-point work (``step_flops``: what it
 computes, so a shared prompt counts once per micro-batch row) and divides its rate by this
 CPU's measured peak (``peak_flops``: the best of five 4096 x 4096 fp32 matrix products on the
-same threads, by MKL or oneDNN).
+same threads, by MKL or oneDNN; ``--peak-size`` sets the size). ``--model`` takes another
+model's directory (tests/test_benchmarks.py runs it on a tiny one).
 
 With ``--fused-adam`` it times the Megatron-Core step with torch's fused CPU Adam kernel
 (platform.fused_cpu_adam) against torch's default CPU Adam, and reports the largest difference of
@@ -105,10 +107,11 @@ def step_flops(config, sequences: int, prompt: int, response: int, micro_batch_s
     return 3 * forward
 
 
-def peak_flops(repeats: int = 5) -> float:
+def peak_flops(repeats: int = 5, size: int = 4096) -> float:
     """The best fp32 matrix-product rate of this CPU on torch's threads (FLOP/s), by MKL
-    (``torch.mm``) or oneDNN, whichever is faster here (on AMD CPUs oneDNN, platform shim 13)."""
-    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
+    (``torch.mm``) or oneDNN, whichever is faster here (on AMD CPUs oneDNN, platform shim 13),
+    on products of two ``size`` x ``size`` matrices."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
     products = [lambda: torch.mm(a, b)]
     if torch.backends.mkldnn.is_available():
         from megatron_rlep.platform import _onednn
@@ -121,7 +124,7 @@ def peak_flops(repeats: int = 5) -> float:
             start = time.perf_counter()
             product()
             best = min(best, time.perf_counter() - start)
-    return 2 * 4096**3 / best
+    return 2 * size**3 / best
 
 
 def adam(actor, batch, fused: bool):
@@ -178,6 +181,10 @@ def main():
     parser.add_argument("--response", type=int, default=192)
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="the built-in model's name or a Hugging Face model directory")
+    parser.add_argument("--peak-size", type=int, default=4096,
+                        help="the size of the square matrices the CPU's peak is measured on")
     parser.add_argument("--compile", action="store_true",
                         help="Megatron-Core step with torch.compile on against off")
     parser.add_argument("--short-prompt", type=int, default=None,
@@ -205,7 +212,7 @@ def main():
     from megatron_rlep.config import AlgorithmConfig
 
     algorithm = AlgorithmConfig(lr=1e-6, warmup_steps=0)
-    actor = Actor("smollm2-135m", algorithm, 1, 1, micro_batch_size=args.micro_batch_size,
+    actor = Actor(args.model, algorithm, 1, 1, micro_batch_size=args.micro_batch_size,
                   share_prompts=bool(args.share_prompts))
     model = AutoModelForCausalLM.from_pretrained(actor.hf_path, dtype=torch.float32)
     model.train()
@@ -286,7 +293,7 @@ def main():
                                               "max": rounds[-1]}
     flops = step_flops(actor.hf_config, args.sequences, args.prompt, args.response,
                        args.micro_batch_size, args.share_prompts or 1)
-    peak = peak_flops()
+    peak = peak_flops(size=args.peak_size)
     first_megatron = steps[0][0]
     result["flops"] = {"step_gflop": flops / 1e9, "of_step": first_megatron,
                        "gflop_per_s": flops / result[first_megatron]["median_s"] / 1e9,

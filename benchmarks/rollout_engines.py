@@ -2,6 +2,7 @@
 engine on the built-in model, fp32.
 
     python benchmarks/rollout_engines.py [--repeats 3] [--json docs/records/rollout_engines/rollout_engines.json]
+        [--model smollm2-135m] [--max-tokens 32]
 
 Each engine runs in its own child process (vLLM changes torch's thread settings), with the
 same prompts, counts, lengths and seeds: engine start-up, a weight sync (the model's own
@@ -11,6 +12,8 @@ per second on
 - `evaluation`: 32 held-out questions x 4 samples, up to 32 tokens (the demo's evaluation until 2026-11-24);
 - `pool`: 8 training questions x 8 samples, up to 32 tokens, T = 0.7.
 Prompts are the built-in task's (levels 1-3). Tokens/s is the median over ``--repeats`` runs.
+``--model`` takes another model's directory and ``--max-tokens`` shortens every workload's answers
+(tests/test_benchmarks.py runs it on a tiny model with answers of 4 tokens).
 
 With ``--vllm-blocks 128 32`` it compares vLLM with those KV block sizes instead (the CPU
 backend's default is 128; the prefix cache reuses whole blocks only), plus
@@ -36,7 +39,7 @@ WORKLOADS = {  # name: (split, questions, samples, max tokens, temperature)
 VALIDATION = ("test", 128, 2, 32, 1.0, (3, 4, 6))
 
 
-def measure(kind: str, repeats: int) -> dict:
+def measure(kind: str, repeats: int, model: str = "smollm2-135m", longest: int = 32) -> dict:
     import torch
 
     from megatron_rlep.tasks import arithmetic
@@ -44,7 +47,7 @@ def measure(kind: str, repeats: int) -> dict:
     from megatron_rlep.rollout import TransformersEngine, encode_prompt
 
     torch.set_num_threads(os.cpu_count() or 1)
-    path = resolve_model_path("smollm2-135m")
+    path = resolve_model_path(model)
     start = time.perf_counter()
     if kind.startswith("vllm"):  # vllm or vllm:BLOCK
         from megatron_rlep.rollout.vllm_engine import VllmEngine
@@ -74,7 +77,7 @@ def measure(kind: str, repeats: int) -> dict:
         for r in range(repeats):
             start = time.perf_counter()
             groups = engine.generate(prompts, samples, temperature=temperature,
-                                     max_tokens=max_tokens, seed=r)
+                                     max_tokens=min(max_tokens, longest), seed=r)
             seconds = time.perf_counter() - start
             tokens = sum(len(c.token_ids) for g in groups for c in g)
             rates.append(tokens / seconds)
@@ -90,16 +93,21 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--vllm-blocks", type=int, nargs="+", default=None, metavar="N",
                         help="compare vLLM with these KV block sizes instead of the engines")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="the built-in model's name or a Hugging Face model directory")
+    parser.add_argument("--max-tokens", type=int, default=32,
+                        help="answers up to this many tokens in every workload (at most 32)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # the child process's own
     args = parser.parse_args()
     if args.engine:
-        print(json.dumps(measure(args.engine, args.repeats)))
+        print(json.dumps(measure(args.engine, args.repeats, args.model, args.max_tokens)))
         return
     results = {}
     kinds = [f"vllm:{b}" for b in args.vllm_blocks] if args.vllm_blocks else ["transformers", "vllm"]
     for kind in kinds:
         child = subprocess.run([sys.executable, __file__, "--engine", kind, "--repeats",
-                                str(args.repeats)], capture_output=True, text=True,
+                                str(args.repeats), "--model", args.model, "--max-tokens",
+                                str(args.max_tokens)], capture_output=True, text=True,
                                env=dict(os.environ, PYTHONWARNINGS="ignore"))
         if child.returncode != 0:
             sys.exit(f"the {kind} run failed:\n{child.stderr[-3000:]}")
