@@ -1,7 +1,8 @@
 """Asynchronous rollout against the synchronous trainer on this machine, the modes in turn.
 
     python benchmarks/async_speed.py [--job demo|long] [--steps 6] [--rounds 2] \
-        [--modes sync partial disaggregated] [--out runs/async-speed] [--seed 1] [--check-sync]
+        [--modes sync partial disaggregated] [--out runs/async-speed] [--seed 1] [--check-sync] \
+        [training overrides for every mode ...]
 
 The job: ``demo`` is the demo's baseline job (``experiment=cpu_demo``, M = 0: 4 prompts of 6
 answers a step, answers up to 32 tokens); ``long`` is the same with its arithmetic problems asked
@@ -28,7 +29,8 @@ reads the runs already in ``--out`` instead of running them again (a run missing
 how far the engine's log-probs are from the actor's right after each weight sync (the largest and
 the mean of ``sync/max_logprob_diff`` and ``sync/mean_logprob_diff`` over the timed steps): the
 colocated load against the disaggregated broadcast in buckets.
-Writes ``OUT/async_speed.json``.
+Training overrides (``key=value``) go to every mode's run after the job's own
+(tests/test_benchmarks.py runs it on a tiny model). Writes ``OUT/async_speed.json``.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ def run(mode: str, args, round_: int) -> list[dict]:
     launcher = [sys.executable] if ranks == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
         str(ranks)]
-    argv = [*launcher, "-m", "megatron_rlep.train", *job_overrides(args), *overrides,
-            *(["rollout.check_sync=true"] if args.check_sync else []), f"run_dir={run_dir}"]
+    argv = [*launcher, "-m", "megatron_rlep.train", *job_overrides(args), *args.overrides,
+            *overrides, *(["rollout.check_sync=true"] if args.check_sync else []),
+            f"run_dir={run_dir}"]
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
     if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
         with open(Path(args.out) / f"{mode}-{round_}.log", "w") as log:
@@ -137,6 +140,7 @@ def main() -> None:
                         help="read the runs already in --out instead of running them again")
     parser.add_argument("--check-sync", action="store_true",
                         help="the engine's log-probs against the actor's after every sync")
+    parser.add_argument("overrides", nargs="*", help="training overrides for every mode")
     args = parser.parse_args()
     if args.modes[0] != "sync":
         raise SystemExit("--modes must start with sync: the others are compared with it")

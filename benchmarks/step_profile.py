@@ -2,6 +2,7 @@
 rollout of the job `benchmarks/peer_trl.py` times, split into matrix products and the rest.
 
     python benchmarks/step_profile.py [--dtype float32] [--repeats 3] [--top 8] [--json FILE]
+        [--model smollm2-135m]
 
 - `update`: one Megatron-Core update of a mini-batch of the demo (12 answers of 24 tokens in
   groups of 6 sharing a 76-token prompt, `parallel.share_prompts`, micro-batches of 8);
@@ -12,6 +13,7 @@ For each: the median wall seconds over ``--repeats`` (after one warm-up), then o
 the share of its CPU time in matrix products (the kernels named in MATMUL) and the ``--top``
 other operators. Matrix products at this CPU's peak are the floor no change to the rest can
 pass; the rest is what overhead work there is to remove. Prints JSON (and writes it to ``--json``).
+``--model`` takes another model's directory (tests/test_benchmarks.py runs it on a tiny one).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def timed(run, repeats: int, top: int) -> dict:
                           for e in [e for e in ops if e.key not in MATMUL][:top]}}
 
 
-def rollout_run(dtype: str):
+def rollout_run(dtype: str, model: str = "smollm2-135m"):
     """One demo rollout on vLLM, or None where vLLM does not import."""
     from megatron_rlep.rollout import vllm_unavailable
 
@@ -59,7 +61,7 @@ def rollout_run(dtype: str):
     from megatron_rlep.rollout.base import encode_prompt
     from megatron_rlep.rollout.vllm_engine import VllmEngine
 
-    engine = VllmEngine(resolve_model_path("smollm2-135m"), dtype=dtype, max_model_len=512)
+    engine = VllmEngine(resolve_model_path(model), dtype=dtype, max_model_len=512)
     prompts = [encode_prompt(engine.tokenizer, e.prompt, 256) for e in
                load_examples("arithmetic", "train", levels=[3, 4, 6], n=4, seed=1)]
     return lambda: engine.generate(prompts, n=6, max_tokens=32, seed=1)
@@ -71,6 +73,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="the built-in model's name or a Hugging Face model directory")
     args = parser.parse_args()
 
     from actor_step import make_batch
@@ -78,14 +82,14 @@ def main() -> None:
     from megatron_rlep.actor.actor import Actor
     from megatron_rlep.config import AlgorithmConfig
 
-    actor = Actor("smollm2-135m", AlgorithmConfig(lr=1e-6, warmup_steps=0), 1, 1,
+    actor = Actor(args.model, AlgorithmConfig(lr=1e-6, warmup_steps=0), 1, 1,
                   micro_batch_size=8, share_prompts=True, dtype=args.dtype)
     batch = make_batch(12, 76, 24, actor.hf_config.vocab_size, group=6)
     batch.old_logp, _ = actor.logprobs(batch)
     result = {"dtype": args.dtype, "threads": torch.get_num_threads(),
               "update": timed(lambda: actor.train_step(batch), args.repeats, args.top),
               "old log-probs": timed(lambda: actor.logprobs(batch), args.repeats, args.top)}
-    rollout = rollout_run(args.dtype)
+    rollout = rollout_run(args.dtype, args.model)
     if rollout is not None:
         result["rollout"] = timed(rollout, args.repeats, args.top)
     print(json.dumps(result, indent=1))

@@ -1,11 +1,17 @@
 """benchmarks/memory_soak.py's parts: the slope and its interval on hand-made series, and modes
-run at different times kept in one record."""
+run at different times kept in one record; and the script end to end, both modes on a tiny model
+for three steps."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launch import env, why
+from speed import scaled
+from tiny import make_model
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -51,3 +57,27 @@ def test_a_mode_run_later_joins_the_record(tmp_path, monkeypatch):
     assert [(r["mode"], r["slope_mib_per_step"]) for r in record] == [("sync", 2.0),
                                                                       ("async", 3.0)]
     assert (tmp_path / "memory_soak.png").stat().st_size > 0
+
+
+@pytest.mark.e2e
+def test_both_modes_are_sampled_step_by_step_on_a_tiny_model(tmp_path):
+    model = make_model(tmp_path / "model")
+    out = tmp_path / "out"
+    argv = [sys.executable, str(REPO / "benchmarks" / "memory_soak.py"), "--steps", "3",
+            "--warmup", "0", "--every", "0.2", "--out", str(out), f"model.path={model}",
+            "rollout.engine=transformers", "data.train_size=16",
+            "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=1",
+            "algorithm.rollouts_per_prompt=2", "rollout.max_response_length=8",
+            "algorithm.overlong_buffer=4"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(600), env=env(argv),
+                          cwd=REPO)
+    assert done.returncode == 0, why(done)
+    record = {r["mode"]: r for r in json.loads((out / "memory_soak.json").read_text())}
+    assert sorted(record) == ["async", "sync"]
+    for r in record.values():
+        assert r["steps"] and all(mib > 0 for mib in r["mib"] + r["anon_mib"])
+        low, high = r["slope_interval"]
+        assert low <= high and r["last_mib"] > 0
+        assert "perf/host_memory_gib" in r["logged_gib"]  # the heap's too where the allocator tells
+    assert "perf/rollout_host_memory_gib" in record["async"]["logged_gib"]
+    assert (out / "memory_soak.png").stat().st_size > 1000
