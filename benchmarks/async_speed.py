@@ -30,7 +30,7 @@ how far the engine's log-probs are from the actor's right after each weight sync
 the mean of ``sync/max_logprob_diff`` and ``sync/mean_logprob_diff`` over the timed steps): the
 colocated load against the disaggregated broadcast in buckets.
 Training overrides (``key=value``) go to every mode's run after the job's own
-(tests/test_benchmarks.py runs it on a tiny model). Writes ``OUT/async_speed.json``.
+(tests/test_async_speed.py runs it on a tiny model). Writes ``OUT/async_speed.json``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ For each: the median wall seconds over ``--repeats`` (after one warm-up), then o
 the share of its CPU time in matrix products (the kernels named in MATMUL) and the ``--top``
 other operators. Matrix products at this CPU's peak are the floor no change to the rest can
 pass; the rest is what overhead work there is to remove. Prints JSON (and writes it to ``--json``).
-``--model`` takes another model's directory (tests/test_benchmarks.py runs it on a tiny one).
+``--model`` takes another model's directory (tests/test_step_profile.py runs it on a tiny one).
 """
 
 from __future__ import annotations
