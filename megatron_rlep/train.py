@@ -34,7 +34,9 @@ if __name__ == "__main__":  # a mistyped key, value or preset: said before torch
 
 import json  # noqa: E402
 import math
+import os
 import signal
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -566,7 +568,12 @@ def main(cfg: Config) -> None:
         role, index, learners = placement.split(cfg)
         if role == "rollout":
             placement.rollout_rank_main(cfg, index, learners)
-            return
+            # its work is done and said (the engine closed, learner 0 told): the bridge's links
+            # go with the process, not through gloo's destructors at the interpreter's exit,
+            # which call std::terminate when a peer's last heartbeats are still arriving
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     trainer = Trainer(cfg)
     trainer.run()
     if dist.is_initialized():
