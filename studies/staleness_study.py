@@ -80,9 +80,13 @@ def logged(run_dirs: list[Path]) -> dict:
     logged it), and the largest lag in versions any step trained."""
     rows = [json.loads(line) for d in run_dirs for line in
             (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "stale/lag_versions_mean" in r]
     out = {}
     for key in LOGGED:
-        values = [r[key] for r in rows if r.get(key) is not None]
+        if key.startswith("stale/tokens_versions_"):  # a step without tokens at that lag: 0
+            values = [r.get(key, 0.0) for r in steps]
+        else:
+            values = [r[key] for r in rows if r.get(key) is not None]
         out[key] = statistics.fmean(values) if values else None
     out["stale/lag_versions_max"] = max((r["stale/lag_versions_max"] for r in rows
                                          if r.get("stale/lag_versions_max") is not None),
