@@ -129,8 +129,8 @@ def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluste
 
     run_dir = tmp_path / "run"
     total, mark = 15, tmp_path / "slow-step-started"
-    env = {"PYTHONPATH": str(REPO / "tests" / "helpers" / "slow_step"), "SLOW_SECONDS": "40",
-           "SLOW_MARK": str(mark)}
+    env = {"PYTHONPATH": str(REPO / "tests" / "helpers" / "slow_trainer"), "SLOW_SECONDS": "40",
+           "SLOW_MARK": str(mark), "SLOW_WHEN": "restart", "SLOW_METHOD": "update"}
     job, log = submit(cluster, "train.sbatch", run_dir,
                       overrides(assets, total, "logging.eval_every=0", "logging.save_every=0"),
                       env=env)
