@@ -20,4 +20,6 @@ if [ "$free_gib" -lt "${TEST_DISK_GIB:-16}" ]; then
 fi
 # --no-loadscope-reorder: pytest-xdist would send the files with the most tests first; the
 # collection order (tests/conftest.py: the two longest files first) is what balances the workers
-exec python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+# --durations=10: every run ends with its ten slowest tests and their times (docs/benchmarks.md)
+exec python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+    --durations=10 "$@"
