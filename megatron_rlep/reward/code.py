@@ -45,6 +45,7 @@ from pathlib import Path
 
 from megatron_rlep.reward import plain
 from megatron_rlep.reward.sandbox import Limits, Sandbox, Session
+from megatron_rlep.reward.sources import source_kind
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
 
@@ -142,8 +143,6 @@ def census(examples) -> str | None:
     """One line on the code examples among ``examples``: how many by test format, and how many
     patch the candidate's objects; None when there are none."""
     from collections import Counter
-
-    from megatron_rlep.reward.rules import source_kind
 
     kinds, patching = Counter(), 0
     for example in examples:

@@ -22,24 +22,9 @@ import importlib
 import importlib.util
 import math
 import numbers
-import re
 from pathlib import Path
 
-# verl's default_compute_score routes by these data sources, and this project's own sets too
-MATH_SOURCES = re.compile(r"(?i)(gsm8k|math|aime|amc|dapo|numina|olympiad|arithmetic|minerva|"
-                          r"deepscaler|orz|omni)")
-CODE_SOURCES = re.compile(r"(?i)(code|apps|taco|leetcode|humaneval|mbpp|livecodebench|"
-                          r"primeintellect|deepcoder|kodcode|codeforces|codecontests)")
-
-
-def source_kind(data_source: str) -> str:
-    """``code``, ``math`` or ``other``: code names are checked first (``codecontests``,
-    ``deepcoder``; a name with both, such as ``math_code``, is code)."""
-    if CODE_SOURCES.search(data_source or ""):
-        return "code"
-    if MATH_SOURCES.search(data_source or ""):
-        return "math"
-    return "other"
+from megatron_rlep.reward.sources import source_kind
 
 
 def load_function(spec: str):

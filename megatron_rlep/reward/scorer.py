@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 
 from megatron_rlep.reward.math_rule import overlong_penalty
-from megatron_rlep.reward.rules import Rules, source_kind
+from megatron_rlep.reward.rules import Rules
+from megatron_rlep.reward.sources import source_kind
 
 START_TIMEOUT_S = 120.0
 
