@@ -83,6 +83,9 @@ def own_device(env=os.environ) -> None:
         return
     env["CUDA_VISIBLE_DEVICES"] = visible[local % len(visible)] if visible else str(local)
     env["LOCAL_RANK"] = "0"  # its one device, for vLLM's launcher and the bridge's NCCL group
+    # NCCL's cuMem allocations do not mix with vLLM's own memory pool when weights are
+    # broadcast into a running engine (verl sets it for the same path)
+    env.setdefault("NCCL_CUMEM_ENABLE", "0")
 
 
 def job_store(name: str, timeout: datetime.timedelta) -> dist.Store:

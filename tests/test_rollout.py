@@ -3,6 +3,7 @@ of the transformers engine, the rollout/actor mismatch metrics, and the vLLM ada
 order around sleep and weight sync (against a recording stand-in of ``vllm.LLM``)."""
 
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -187,7 +188,9 @@ def test_vllm_adapter_sleeps_reloads_and_wakes_in_order(monkeypatch, tmp_path, c
     RecordingLLM.calls = []
     model = tiny.make_model(tmp_path / "m")
     start.clear()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # inherited: overridden
     engine = VllmEngine(str(model), seed=3)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert start == (["collect", "empty", "measure"] if cuda else [])
     emptied = emptied[1:] if cuda else emptied
     options = RecordingLLM.calls[0][1]

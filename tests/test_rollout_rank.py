@@ -57,7 +57,7 @@ def test_a_rollout_rank_sees_only_its_own_gpu_before_anything_touches_cuda(monke
     cfg = compose(["rollout.placement=disaggregated", "rollout.ranks=1"])
     env = {"LOCAL_RANK": "3", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     placement.own_device(env)
-    assert env == {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "7"}
+    assert env == {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "7", "NCCL_CUMEM_ENABLE": "0"}
     env = {"SLURM_LOCALID": "2"}
     monkeypatch.setattr(placement.os.path, "exists", lambda path: path == "/dev/nvidiactl")
     placement.own_device(env)

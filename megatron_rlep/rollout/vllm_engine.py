@@ -148,8 +148,9 @@ class VllmEngine:
         from transformers import AutoConfig, AutoTokenizer
 
         on_cpu = not torch.cuda.is_available()
-        # the engine core in this process: weights reload in place from the actor's stream
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # the engine core in this process: weights reload in place from the actor's stream (an
+        # inherited 1 would put it in a process of its own, where the reload cannot reach it)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if on_cpu:
             configure_cpu_backend(cpu_kv_cache_gib, cpu_compile)
         else:  # vLLM's own check fails later with a long traceback; say it in one sentence first
