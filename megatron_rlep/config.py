@@ -20,15 +20,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from megatron_rlep.errors import ConfigError, RunError  # noqa: F401 - also imported from here
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
-
-class ConfigError(ValueError):
-    """A configuration key or value the user must fix; the message is one sentence."""
-
-
-class RunError(RuntimeError):
-    """A run stopped for a reason the user can act on; the message is one sentence."""
 
 
 @dataclass

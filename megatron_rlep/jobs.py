@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rlep.errors import ConfigError
+
 
 def start() -> tuple[int, int]:
     """(rank, world size); starts the process group when launched with several ranks and
@@ -43,7 +45,6 @@ def pin_settings(path: Path, wanted: dict, rank: int) -> None:
     """Write ``wanted`` to ``path`` on the first run; on a rerun, refuse other settings (a key
     an earlier version did not write counts as None: a new key's default keeps the behaviour
     from before it existed)."""
-    from megatron_rlep.config import ConfigError
     from megatron_rlep.files import write_json_atomic
 
     if rank == 0 and not path.is_file():
@@ -61,8 +62,6 @@ def pin_settings(path: Path, wanted: dict, rank: int) -> None:
 def engines(rank: int, world: int, tensor_parallel: int) -> tuple[int, int, bool]:
     """(this rank's engine k, the number of engines, whether this rank writes engine k's
     outputs): ranks [k * tp, (k + 1) * tp) run engine k."""
-    from megatron_rlep.config import ConfigError
-
     if world % tensor_parallel:
         raise ConfigError(f"rollout.tensor_parallel={tensor_parallel} does not divide the "
                           f"{world} ranks; launch a multiple of it (torchrun --nproc_per_node) "

@@ -10,14 +10,14 @@ import os
 import time
 from pathlib import Path
 
+from megatron_rlep.errors import RunError
+
 
 class Monitor:
     """Created before the model starts (so a wandb that cannot start stops the run at once),
     then ``start``ed at the run's first step."""
 
     def __init__(self, run_dir: str | Path, logging, config: dict, active: bool = True):
-        from megatron_rlep.config import RunError
-
         self.active, self.logging = active, logging
         self.path = Path(run_dir) / "metrics.jsonl"
         self.wandb = None

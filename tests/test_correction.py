@@ -8,6 +8,7 @@ import torch
 
 from megatron_rlep import correction
 from megatron_rlep.correction import batch_correction, engine_old_logp, sequence_correction
+from megatron_rlep.errors import RunError
 from megatron_rlep.groups import Sample
 
 # pi_old / pi_behaviour per token: 0.5/0.25 = 2, 0.25/0.5 = 0.5, 0.9/0.3 = 3; product 3
@@ -191,7 +192,6 @@ def test_a_weighted_baseline_weighs_fresh_answers_by_their_clamped_sequence_rati
 
 
 def test_stored_replays_from_a_pool_sampled_otherwise_are_refused_naming_both(tmp_path):
-    from megatron_rlep.config import RunError
     from megatron_rlep.data import Example
     from megatron_rlep.pool import ExperiencePool, pool_row, write_pool
     from megatron_rlep.producer import check_stored_sampling

@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
 from launch import env, launcher  # noqa: E402
 
+from megatron_rlep.errors import ConfigError  # noqa: E402
+
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "evaluate.py"
 EVAL_DATA = Path(__file__).resolve().parent.parent / "data" / "eval"  # shipped with the repo
 
@@ -128,7 +130,6 @@ def test_a_tp2_vllm_engine_over_two_ranks_samples_every_unit_once(tmp_path, tiny
 
 def test_engines_of_tp_ranks_share_the_units():
     from megatron_rlep import jobs
-    from megatron_rlep.config import ConfigError
 
     assert [jobs.engines(rank, 4, 2) for rank in range(4)] == [(0, 2, True), (0, 2, False),
                                                                (1, 2, True), (1, 2, False)]

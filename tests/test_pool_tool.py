@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
 
 from megatron_rlep.data import DataError  # noqa: E402
+from megatron_rlep.errors import RunError  # noqa: E402
 from megatron_rlep.pool import ExperiencePool, read_rows  # noqa: E402
 from megatron_rlep.reward.scorer import Scorer, settings  # noqa: E402
 
@@ -189,7 +190,7 @@ def test_an_unfinished_pool_is_refused_unless_asked_for(tmp_path, release):
 
 def test_the_trainer_says_the_pools_coverage_and_stops_below_the_minimum(tmp_path, release, capsys):
     from megatron_rlep.tasks import arithmetic
-    from megatron_rlep.config import RunError, compose
+    from megatron_rlep.config import compose
     from megatron_rlep.producer import load_pool
 
     def load(train_levels, *extra):  # the trainer's pool check, before its actor and engine

@@ -3,6 +3,7 @@
 from collections import Counter
 
 from megatron_rlep.data import dapo_prompt, Example
+from megatron_rlep.errors import RunError
 from megatron_rlep.groups import plan_group, replay_sample
 from megatron_rlep.pool import ExperiencePool, question_key, sample_replays
 
@@ -67,7 +68,7 @@ def test_dynamic_sampling_filters_on_accuracy_then_stops_or_trains_short():
 
     import pytest
 
-    from megatron_rlep.config import AlgorithmConfig, RunError
+    from megatron_rlep.config import AlgorithmConfig
     from megatron_rlep.groups import Group, Sample
     from megatron_rlep.producer import Producer
 

@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
 
+from megatron_rlep.errors import RunError  # noqa: E402
 from megatron_rlep.rollout import generate_sharded, request_seed  # noqa: E402
 from megatron_rlep.rollout.base import encode_prompt  # noqa: E402
 
@@ -325,7 +326,7 @@ def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(mon
     import importlib.util
 
     import megatron_rlep.rollout as rollout
-    from megatron_rlep.config import RolloutConfig, RunError
+    from megatron_rlep.config import RolloutConfig
 
     rollout.vllm_unavailable.cache_clear()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)

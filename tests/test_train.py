@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import tiny  # noqa: E402
 from launch import env, launcher  # noqa: E402
 
+from megatron_rlep.errors import RunError  # noqa: E402
+
 G, M, PROMPTS, STEPS = 3, 2, 4, 2
 
 
@@ -439,7 +441,6 @@ def test_each_model_family_takes_rlep_steps(assets, family_models, tmp_path, fam
 
 
 def test_vllm_for_training_a_moe_model_on_a_cpu_stops_in_one_sentence(family_models):
-    from megatron_rlep.config import RunError
     from megatron_rlep.rollout import training_engine
 
     if training_engine("auto", str(family_models["qwen3"])) != "vllm":

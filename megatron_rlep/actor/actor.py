@@ -35,6 +35,7 @@ from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, c
                                        split_to, to_device)
 from megatron_rlep.actor.logprobs import response_logprobs
 from megatron_rlep.builtin_model import resolve_model_path
+from megatron_rlep.errors import RunError
 
 
 def sequence_parallel_problem(sequence_parallel: bool, transformer_engine: bool,
@@ -53,8 +54,6 @@ def sequence_parallel_problem(sequence_parallel: bool, transformer_engine: bool,
 def _use_transformer_engine(impl: str) -> bool:
     """``model.transformer_impl``: whether the layers use Transformer Engine; the reason it does
     not goes out once, in one line (Megatron-Core's own import warnings are silenced)."""
-    from megatron_rlep.config import RunError
-
     reason = platform.transformer_engine_unavailable()
     if impl == "transformer_engine" and reason:
         raise RunError(f"model.transformer_impl=transformer_engine, but Transformer Engine is "
@@ -108,8 +107,6 @@ class Actor:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
         from transformers import AutoConfig
-
-        from megatron_rlep.config import RunError
 
         self.hf_path = resolve_model_path(model_path)  # a missing checkpoint: one sentence, first
         try:

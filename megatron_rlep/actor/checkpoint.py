@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import files, platform
+from megatron_rlep.errors import RunError
 
 COMPLETE = files.CHECKPOINT_MANIFEST  # the metadata and the manifest, written last
 
@@ -375,8 +376,6 @@ def load(path: str | Path, model, optimizer, scheduler, distributed_optimizer: b
          transformer_engine: bool | None = None) -> tuple[int, dict]:
     """Restore into the live objects; returns (step, extra)."""
     from megatron.core import dist_checkpointing
-
-    from megatron_rlep.config import RunError
 
     path = Path(path)
     meta = metadata(path)

@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, is_dataclass
 
+from megatron_rlep.errors import ConfigError, RunError
 from megatron_rlep.reward.math_rule import overlong_penalty
 from megatron_rlep.reward.rules import Rules
 from megatron_rlep.reward.sources import source_kind
@@ -74,7 +75,6 @@ class _Worker:
         line = self.proc.stdout.readline().decode().strip() if ready else ""
         if line != "ready":
             self.kill()
-            from megatron_rlep.config import ConfigError
 
             failed = json.loads(line).get("fail") if line.startswith("{") else None
             raise ConfigError(failed or f"the reward worker did not start within "
@@ -240,8 +240,6 @@ class Scorer:
     def check(self, scores: list[Score], what: str) -> None:
         """Stop (RunError, one sentence) when more than ``verifier.max_failures`` of ``scores``
         raised, timed out or could not be run."""
-        from megatron_rlep.config import RunError
-
         limit = self.settings["max_failures"]
         failed = [s for s in scores if s.status in ("error", "timeout")]
         infra = [s for s in scores if s.status == "infra"]

@@ -16,6 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from megatron_rlep.errors import RunError
 from megatron_rlep.rollout.base import (Completion, answer_seed, encode_prompt, model_stop_ids,
                                         request_seed, stop_ids)
 from megatron_rlep.rollout.transformers_engine import TransformersEngine
@@ -57,7 +58,6 @@ def training_engine(requested: str, model_path: str) -> str:
     from transformers import AutoConfig
 
     from megatron_rlep import platform
-    from megatron_rlep.config import RunError
 
     kind = engine_kind(requested)
     if kind != "vllm" or platform.has_cuda() or \
@@ -114,7 +114,6 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
     if kind == "vllm":
         from transformers import AutoConfig
 
-        from megatron_rlep.config import RunError
         from megatron_rlep.rollout.vllm_engine import VllmEngine
 
         if (reason := vllm_unavailable()) is not None:

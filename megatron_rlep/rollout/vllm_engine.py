@@ -44,6 +44,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from megatron_rlep.errors import RunError
 from megatron_rlep.rollout.base import Completion, counts_and_seeds
 
 log = logging.getLogger(__name__)
@@ -154,8 +155,6 @@ class VllmEngine:
         if on_cpu:
             configure_cpu_backend(cpu_kv_cache_gib, cpu_compile)
         else:  # vLLM's own check fails later with a long traceback; say it in one sentence first
-            from megatron_rlep.config import RunError
-
             # what the actor freed (DDP's replaced parameter storage, a deleted actor's cycles)
             # goes back to the GPU first: vLLM measures what is free, not torch's cache
             gc.collect()
