@@ -6,6 +6,10 @@ turns a composed Hydra config into a ``Config``; any unknown key, wrong type or 
 value raises ``ConfigError`` with one sentence that names the key. ``check_overrides`` does the
 same for a command line before Hydra starts, so a typo never reaches a traceback.
 
+A key is one line in its group's dataclass: its type, its default and, where it has them, its
+allowed values (``one_of``) or range (``at_least``, ``between``). A rule between keys is the
+``check`` method of the group that holds them (``Config.check`` for rules across groups).
+
 This module holds no training logic.
 """
 
@@ -24,14 +28,34 @@ from megatron_rlep.errors import ConfigError, RunError  # noqa: F401 - also impo
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
+VERIFIER_MODES = ("dapo", "math", "code", "custom")  # also the tools' --mode / --verify
+
+
+# A key's field with its allowed values or range, which ``load_config`` checks (an unset optional
+# key is not checked): the key, its default and its check in one line of its dataclass.
+def one_of(*allowed: str, default: Optional[str]):
+    """The field of a key whose value must be one of ``allowed`` (or null, where Optional)."""
+    return field(default=default, metadata={"one_of": allowed})
+
+
+def at_least(low: float, *, default: Optional[float]):
+    """The field of a key whose value must be ``>= low`` (or null, where Optional)."""
+    return field(default=default, metadata={"range": (low, None)})
+
+
+def between(low: float, high: float, *, default: Optional[float]):
+    """The field of a key whose value must lie in ``[low, high]`` (or null, where Optional)."""
+    return field(default=default, metadata={"range": (low, high)})
+
 
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m"  # a built-in name or a Hugging Face checkpoint directory
-    dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
+    # auto = bf16 on GPU, fp32 on CPU
+    dtype: str = one_of("auto", "float32", "bfloat16", default="auto")
     # layer specs: auto = Transformer Engine when it imports (else local, said once);
     # transformer_engine = stop when TE does not import; local = Megatron-Core's local specs
-    transformer_impl: str = "auto"
+    transformer_impl: str = one_of("auto", "transformer_engine", "local", default="auto")
     # true: stop at start when no CUDA GPU is visible (a model too large for a CPU; the 7B
     # preset sets it), and the Slurm preflight fails on a node without the GPUs for its ranks
     needs_gpu: bool = False
@@ -43,18 +67,21 @@ class DataConfig:
     eval: list[str] = field(default_factory=lambda: ["arithmetic"])
     data_dir: Optional[str] = None
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])  # built-in task only
-    train_size: int = 256  # built-in task only
-    eval_size: int = 64  # built-in task only
-    max_prompt_length: int = 1024
+    train_size: int = at_least(1, default=256)  # built-in task only
+    eval_size: int = at_least(1, default=64)  # built-in task only
+    max_prompt_length: int = at_least(1, default=1024)
 
 
 @dataclass
 class ReplayConfig:
     """Which pool answers go into which group (megatron_rlep/replay.py)."""
-    strategy: str = "uniform"  # uniform (the paper) | rescue | priority | recent
-    priority_floor: float = 0.1  # priority: the least chance a prompt gets its replays
+    # uniform (the paper) | rescue | priority | recent
+    strategy: str = one_of("uniform", "rescue", "priority", "recent", default="uniform")
+    # priority: the least chance a prompt gets its replays
+    priority_floor: float = between(0.0, 1.0, default=0.1)
     refresh: bool = False  # live pool: this run's verified, finished fresh answers join the pool
-    cap: int = 8  # live pool: answers kept per question, the oldest versions evicted first
+    # live pool: answers kept per question, the oldest versions evicted first
+    cap: int = at_least(1, default=8)
 
 
 @dataclass
@@ -62,24 +89,31 @@ class CorrectionConfig:
     """Off-policy correction (megatron_rlep/correction.py; verl's rollout_correction names)."""
     # auto | null | token | sequence [rollout_is]; auto: token under asynchronous rollout
     # (algorithm.max_staleness > 0: AReaL's decoupled loss), null otherwise
-    is_level: Optional[str] = "auto"
-    is_threshold: float = 2.0  # truncation C of the weights [rollout_is_threshold]
-    is_mode: str = "truncate"  # above C: truncate the weight to C | mask: drop the token (AReaL)
+    is_level: Optional[str] = one_of("auto", "token", "sequence", default="auto")
+    # truncation C of the weights [rollout_is_threshold]
+    is_threshold: float = at_least(1.0, default=2.0)
+    # above C: truncate the weight to C | mask: drop the token (AReaL)
+    is_mode: str = one_of("truncate", "mask", default="truncate")
     # the groups' mean and spread: plain | weighted (fresh answers weighted by their sequence
     # ratio pi_old / pi_behaviour within [1/C, C]: the baseline of the policy being trained)
-    baseline: str = "plain"
-    rs_level: Optional[str] = None  # null | token | sequence | geometric [rollout_rs]
-    rs_threshold: Optional[float] = None  # upper bound; null: is_threshold [rollout_rs_threshold]
-    rs_threshold_lower: Optional[float] = None  # null: 1 / upper [rollout_rs_threshold_lower]
-    replay: str = "on_policy"  # replayed answers: on_policy (the paper) | stored | down_weight
-    replay_weight: float = 0.5  # down_weight: the factor on a replayed answer's token losses
+    baseline: str = one_of("plain", "weighted", default="plain")
+    # null | token | sequence | geometric [rollout_rs]
+    rs_level: Optional[str] = one_of("token", "sequence", "geometric", default=None)
+    # upper bound; null: is_threshold [rollout_rs_threshold]
+    rs_threshold: Optional[float] = at_least(1.0, default=None)
+    # null: 1 / upper [rollout_rs_threshold_lower]
+    rs_threshold_lower: Optional[float] = between(0.0, 1.0, default=None)
+    # replayed answers: on_policy (the paper) | stored | down_weight
+    replay: str = one_of("on_policy", "stored", "down_weight", default="on_policy")
+    # down_weight: the factor on a replayed answer's token losses
+    replay_weight: float = at_least(0.0, default=0.5)
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "rlep"  # grpo | dapo | rlep
-    rollouts_per_prompt: int = 16  # G
-    replay_per_prompt: int = 2  # M (0 = no replay)
+    name: str = one_of("grpo", "dapo", "rlep", default="rlep")
+    rollouts_per_prompt: int = at_least(1, default=16)  # G
+    replay_per_prompt: int = at_least(0, default=2)  # M (0 = no replay)
     pool: Optional[str] = None  # experience pool: pool directory or RLEP release parquet
     fill_absent: bool = True  # a question absent from the pool gets G + M fresh rollouts (else G)
     replay_distinct: bool = False  # M distinct texts (else M stored answers, repeats too: the reference)
@@ -87,114 +121,153 @@ class AlgorithmConfig:
     pool_partial: bool = False  # read a pool directory whose build has not finished (no manifest)
     # stop when fewer of the training questions have pool answers (questions match by their
     # prompt text: a pool of other data covers none, and RLEP would silently be DAPO)
-    pool_min_coverage: float = 0.1
+    pool_min_coverage: float = between(0.0, 1.0, default=0.1)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
-    prompts_per_rollout: int = 512
-    prompts_per_update: int = 64
-    epochs: int = 1
+    prompts_per_rollout: int = at_least(1, default=512)
+    prompts_per_update: int = at_least(1, default=64)
+    epochs: int = at_least(1, default=1)
     # the old policy's log-probs of the fresh answers in the step's later mini-batches: actor (a
     # forward pass of the actor before the first update) | rollout (the engine's, recorded as it
     # sampled; no forward pass, docs/training.md). The first mini-batch takes its own forward's.
-    old_logp: str = "actor"
+    old_logp: str = one_of("actor", "rollout", default="actor")
     # asynchronous rollout: a group trains at most this many policy versions after its oldest
     # token was sampled (0: today's synchronous trainer; docs/training.md, "Asynchronous rollout")
-    max_staleness: int = 0
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float = 10.0
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (verl's)
+    max_staleness: int = at_least(0, default=0)
+    clip_low: float = between(0.0, 1.0, default=0.2)
+    clip_high: float = at_least(0.0, default=0.28)
+    dual_clip: float = at_least(1.0, default=10.0)
+    # verl's token-mean | seq-mean-token-mean | seq-mean-token-sum
+    loss_agg: str = one_of("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                           default="token-mean")
     normalize_std: bool = True
     kl_coef: float = 0.0  # must stay 0: no reference policy is built (refused when checked)
     entropy_coef: float = 0.0
-    overlong_buffer: int = 512
+    overlong_buffer: int = at_least(0, default=512)
     overlong_factor: float = 1.0
     dynamic_sampling: bool = False  # drop groups whose answers are all right or all wrong
-    filter_metric: str = "acc"  # acc (the reference) | reward (the shaped reward)
-    max_gen_batches: int = 10  # generation batches per step in all, the first included (0: no limit)
-    short_batch: str = "error"  # still short after them: error (the reference) | train on those kept
-    lr: float = 1e-6
-    warmup_steps: int = 10  # rollout steps of linear warm-up (every update of a step: one LR)
+    # acc (the reference) | reward (the shaped reward)
+    filter_metric: str = one_of("acc", "reward", default="acc")
+    # generation batches per step in all, the first included (0: no limit)
+    max_gen_batches: int = at_least(0, default=10)
+    # still short after them: error (the reference) | train on those kept
+    short_batch: str = one_of("error", "train", default="error")
+    lr: float = at_least(0.0, default=1e-6)
+    # rollout steps of linear warm-up (every update of a step: one LR)
+    warmup_steps: int = at_least(0, default=10)
     warmup_from_zero: bool = False  # step k at lr * k / warmup, the first at 0 (the reference)
     weight_decay: float = 0.1
     # false: Megatron's groups, biases and norms undecayed; true: every parameter decayed, as the
     # reference's AdamW over all parameters (the paper presets)
     weight_decay_all: bool = False
-    adam_eps: float = 1e-8  # Adam's epsilon (a gradient element far below it barely moves)
-    grad_clip: float = 1.0
+    # Adam's epsilon (a gradient element far below it barely moves)
+    adam_eps: float = at_least(0.0, default=1e-8)
+    grad_clip: float = at_least(0.0, default=1.0)
     # an update whose gradient norm is not finite is skipped (actor/skipped_updates); this many
     # in a row stop the run with a checkpoint of the weights before them (0: never stop)
-    max_skipped_updates: int = 3
+    max_skipped_updates: int = at_least(0, default=3)
     # a mixture-of-experts model's router load-balancing loss coefficient (0: off, as RL
     # trainers run it; the checkpoint's router_aux_loss_coef is for pre-training)
-    router_aux_loss: float = 0.0
-    total_steps: int = 400
+    router_aux_loss: float = at_least(0.0, default=0.0)
+    total_steps: int = at_least(0, default=400)
+
+    def check(self) -> None:
+        """The rules between the algorithm's keys; first ``correction.is_level=auto`` resolved:
+        token under asynchronous rollout (AReaL's decoupled loss, megatron_rlep/correction.py),
+        null otherwise."""
+        c = self.correction
+        if c.is_level == "auto":  # (old_logp=rollout under staleness is refused below)
+            c.is_level = "token" if self.max_staleness and self.old_logp == "actor" else None
+        if self.prompts_per_rollout % self.prompts_per_update:
+            raise ConfigError(
+                f"config key algorithm.prompts_per_update={self.prompts_per_update} does "
+                f"not divide algorithm.prompts_per_rollout={self.prompts_per_rollout}; "
+                f"pick a divisor so every update sees whole groups.")
+        if self.old_logp == "rollout" and (c.is_level is not None or c.rs_level is not None):
+            raise ConfigError("config key algorithm.old_logp=rollout makes the engine's log-probs "
+                              "the old policy's, so algorithm.correction has no mismatch left to "
+                              "correct; unset algorithm.correction.is_level and rs_level, or use "
+                              "algorithm.old_logp=actor.")
+        if self.max_staleness and self.old_logp == "rollout":
+            raise ConfigError(f"config key algorithm.old_logp=rollout takes the engine's log-probs "
+                              f"as the old policy's, but with algorithm.max_staleness="
+                              f"{self.max_staleness} they are of a policy up to that many versions "
+                              "older: the two would add staleness twice; use algorithm.old_logp="
+                              "actor (the policy before this update) and algorithm.correction for "
+                              "the rest.")
+        if self.kl_coef != 0:
+            raise ConfigError(f"config key algorithm.kl_coef={self.kl_coef} asks for a KL "
+                              "term against a reference policy, which this trainer does not build "
+                              "(RLEP and DAPO train without one); set algorithm.kl_coef=0.")
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "auto"  # auto | vllm | transformers
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_response_length: int = 3072
-    tensor_parallel: int = 1
-    gpu_memory_utilization: float = 0.6  # vLLM on GPU, beside the actor (colocated)
+    engine: str = one_of("auto", "vllm", "transformers", default="auto")
+    temperature: float = at_least(0.0, default=1.0)
+    top_p: float = between(0.0, 1.0, default=1.0)
+    max_response_length: int = at_least(1, default=3072)
+    tensor_parallel: int = at_least(1, default=1)
+    # vLLM on GPU, beside the actor (colocated)
+    gpu_memory_utilization: float = between(0.0, 1.0, default=0.6)
     # vLLM on a GPU of its own (rollout.placement=disaggregated): no actor beside it, no sleep
-    dedicated_gpu_memory_utilization: float = 0.9
+    dedicated_gpu_memory_utilization: float = between(0.0, 1.0, default=0.9)
     cpu_kv_cache_gib: float = 1.0  # vLLM on CPU: KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     # vLLM on CPU: torch.compile the model (faster rollouts; the engine's start compiles,
     # docs/training.md has the costs) instead of running it eagerly
     cpu_compile: bool = False
-    batch_size: int = 64  # sequences per generate call (transformers engine)
+    batch_size: int = at_least(1, default=64)  # sequences per generate call (transformers engine)
     check_sync: bool = False  # after each weight sync, compare engine and actor log-probs
     # asynchronous rollout (algorithm.max_staleness > 0; docs/training.md): where the engines run:
     # colocated (the training ranks, time-sliced) | disaggregated (the job's last `ranks` ranks
     # generate while the others train; weights go to them by broadcast after each update)
-    placement: str = "colocated"
-    ranks: int = 0
+    placement: str = one_of("colocated", "disaggregated", default="colocated")
+    ranks: int = at_least(0, default=0)
     # partial rollouts: answers grow segment_tokens at a time and unfinished ones go on under
     # the weights of later updates, their tokens tagged with the version that sampled them
     partial: bool = False
-    segment_tokens: int = 64
+    segment_tokens: int = at_least(1, default=64)
     # an answer continued after new weights: recompute its KV cache with them (the engine gets
     # prompt and tokens so far again) | keep the KV its tokens had (vLLM's prefix cache is not
     # reset after a weight load; computed by the older weights, as PipelineRL keeps it)
-    partial_kv: str = "recompute"
-    extra_prompts: int = 0  # over-provisioning: prompts in flight beyond an update's
-    timeout_s: float = 600.0  # disaggregated: the longest a learner waits on the rollout ranks
+    partial_kv: str = one_of("recompute", "keep", default="recompute")
+    # over-provisioning: prompts in flight beyond an update's
+    extra_prompts: int = at_least(0, default=0)
+    # disaggregated: the longest a learner waits on the rollout ranks
+    timeout_s: float = at_least(1.0, default=600.0)
     # disaggregated: the longest any rank waits at start-up for the others to reach the bridge
-    connect_timeout_s: float = 1800.0
+    connect_timeout_s: float = at_least(1.0, default=1800.0)
 
 
 @dataclass
 class ValidationConfig:
     """Sampling of the held-out answers at validation (verl's val_kwargs); unset keys take the
     rollout's value."""
-    n: int = 1  # answers per held-out question
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    max_response_length: Optional[int] = None
+    n: int = at_least(1, default=1)  # answers per held-out question
+    temperature: Optional[float] = at_least(0.0, default=None)
+    top_p: Optional[float] = between(0.0, 1.0, default=None)
+    max_response_length: Optional[int] = at_least(1, default=None)
 
 
 @dataclass
 class ParallelConfig:
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    micro_batch_size: int = 4  # sequences per micro-batch at most
+    tensor_parallel: int = at_least(1, default=1)
+    pipeline_parallel: int = at_least(1, default=1)
+    micro_batch_size: int = at_least(1, default=4)  # sequences per micro-batch at most
     # and tokens per micro-batch at most, padding included (0: no budget; verl's dynamic batch
     # size): long answers go in small micro-batches, short ones in large
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = at_least(0, default=0)
     # memory (tools/memory_plan.py shows each one's effect): activation recompute none |
     # selective (core attention) | full (each layer from its input); bf16 gradient buffers
     # instead of fp32 (bf16 models only); log-probs through the output layer this many response
     # tokens at a time, each chunk recomputed in backward (0: all at once)
-    recompute: str = "none"
+    recompute: str = one_of("none", "selective", "full", default="none")
     bf16_grads: bool = False
-    logprob_chunk_tokens: int = 0
+    logprob_chunk_tokens: int = at_least(0, default=0)
     sequence_parallel: bool = False  # with TP > 1: norms' and residuals' activations split too
     # a mixture-of-experts model's experts spread over this many ranks (whole experts: expert
     # TP 1); at TP > 1 a MoE model needs sequence_parallel (Megatron-Core's MoE layer)
-    expert_parallel: int = 1
+    expert_parallel: int = at_least(1, default=1)
     # each prompt once per micro-batch row, followed by its sequences' responses (local layer
     # specs only; megatron_rlep/actor/batch.py): the same numbers, the prompt computed once
     share_prompts: bool = False
@@ -210,17 +283,24 @@ class ParallelConfig:
     # the data-parallel ranks (ZeRO-1); null: on a GPU with data parallelism, else off
     distributed_optimizer: Optional[bool] = None
 
+    def check(self) -> None:
+        if self.share_prompts and self.pack_sequences:
+            raise ConfigError("config keys parallel.share_prompts and parallel.pack_sequences are "
+                              "two ways to pack a micro-batch; set one of them to false.")
+
 
 @dataclass
 class LoggingConfig:
-    wandb: str = "offline"  # online | offline | disabled
+    wandb: str = one_of("online", "offline", "disabled", default="offline")
     project: str = "megatron_rlep"
     name: Optional[str] = None
     group: Optional[str] = None  # wandb group; default: $WANDB_RUN_GROUP, else the run's name
     log_every: int = 1
-    eval_every: int = 10  # validation every N steps (0: never), and at the first and last step
-    save_every: int = 50  # checkpoint every N steps (0: only at the end)
-    keep_checkpoints: int = 0  # the newest N checkpoints stay on disk, older ones go (0: all)
+    # validation every N steps (0: never), and at the first and last step
+    eval_every: int = at_least(0, default=10)
+    save_every: int = at_least(0, default=50)  # checkpoint every N steps (0: only at the end)
+    # the newest N checkpoints stay on disk, older ones go (0: all)
+    keep_checkpoints: int = at_least(0, default=0)
     # the best validation step's weights stay too (checkpoints/best, weights only; its export:
     # tools/export_hf.py RUN_DIR --best)
     keep_best: bool = True
@@ -231,13 +311,14 @@ class LoggingConfig:
 @dataclass
 class CodeSandboxConfig:
     """What a code answer's program may use, per test run (megatron_rlep/reward/sandbox.py)."""
-    wall_s: float = 10.0  # time running or asleep (not waiting for a CPU); 10x wall clock at most
-    cpu_s: int = 10
-    memory_mb: int = 1024
-    nproc: int = 32  # processes (a fork bomb stops there)
-    fsize_mb: int = 16  # the largest file it may write
-    tmpfs_mb: int = 64  # its whole work directory
-    output_kb: int = 1024  # stdout, and stderr; more kills it
+    # time running or asleep (not waiting for a CPU); 10x wall clock at most
+    wall_s: float = at_least(0.1, default=10.0)
+    cpu_s: int = at_least(1, default=10)
+    memory_mb: int = at_least(16, default=1024)
+    nproc: int = at_least(1, default=32)  # processes (a fork bomb stops there)
+    fsize_mb: int = at_least(1, default=16)  # the largest file it may write
+    tmpfs_mb: int = at_least(1, default=64)  # its whole work directory
+    output_kb: int = at_least(1, default=1024)  # stdout, and stderr; more kills it
     partial_credit: bool = False  # score 2 x the share of tests passed - 1 (else all or none)
     # true: where the kernel refuses the namespaces or Landlock, code answers are infrastructure
     # failures (the run stops past verifier.max_failures); false: run them with what is left
@@ -253,13 +334,21 @@ class VerifierConfig:
     # dapo | math: the math rule for every answer; code: the code checker for every answer;
     # custom: by data_source as verl does (math -> math_rule, code -> the code checker, the
     # rest -> function)
-    mode: str = "dapo"
+    mode: str = one_of(*VERIFIER_MODES, default="dapo")
     function: Optional[str] = None  # custom: FILE.py:NAME or module:NAME, verl's signature
-    math_rule: str = "dapo"  # custom: the rule for math data sources (dapo | math)
-    workers: int = 1  # scoring processes per rank
-    timeout_s: float = 30.0  # an answer's scoring deadline (a code answer: all its tests)
-    max_failures: float = 0.1  # a larger share of a step's rewards raising or timing out stops it
+    math_rule: str = one_of("dapo", "math", default="dapo")  # custom: math data sources' rule
+    workers: int = at_least(1, default=1)  # scoring processes per rank
+    # an answer's scoring deadline (a code answer: all its tests)
+    timeout_s: float = at_least(0.1, default=30.0)
+    # a larger share of a step's rewards raising or timing out stops it
+    max_failures: float = between(0.0, 1.0, default=0.1)
     code: CodeSandboxConfig = field(default_factory=CodeSandboxConfig)
+
+    def check(self) -> None:
+        if (self.mode == "custom") != bool(self.function):
+            raise ConfigError("config key verifier.function names the reward function of "
+                              "verifier.mode=custom and only of it; give verifier=custom "
+                              "verifier.function=FILE.py:NAME together (or neither).")
 
 
 @dataclass
@@ -278,8 +367,27 @@ class Config:
     # on resume, check every file's checksum against the checkpoint's manifest, not only its
     # size (docs/cluster.md: what it costs against a load)
     resume_verify: bool = False
-    samples: int = 4  # quickstart: answers per question
-    questions: int = 8  # quickstart: questions shown
+    samples: int = at_least(1, default=4)  # quickstart: answers per question
+    questions: int = at_least(1, default=8)  # quickstart: questions shown
+
+    def check(self) -> None:
+        """The rules between groups: the rollout's settings the algorithm's need (the tools'
+        schemas take the rollout group too, but neither its placement nor asynchrony)."""
+        a, r = self.algorithm, self.rollout
+        if a.old_logp == "rollout" and r.top_p < 1:
+            raise ConfigError(f"config key algorithm.old_logp=rollout needs rollout.top_p=1: with "
+                              f"rollout.top_p={r.top_p} the engine's log-probs are of the "
+                              "truncated distribution, not the policy's; set rollout.top_p=1 or "
+                              "use algorithm.old_logp=actor.")
+        if (r.partial or r.extra_prompts) and a.max_staleness < 1:
+            what = "rollout.partial=true continues answers under newer weights" if r.partial else \
+                f"rollout.extra_prompts={r.extra_prompts} carries finished groups into later steps"
+            raise ConfigError(f"config key {what}, so their tokens come from older policies; set "
+                              "algorithm.max_staleness to 1 or more (how many versions behind a "
+                              "trained token may be).")
+        if r.placement == "disaggregated" and r.ranks < 1:
+            raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
+                              "many of the job's ranks run the engines (e.g. rollout.ranks=1).")
 
 
 @dataclass
@@ -290,17 +398,19 @@ class BuildPoolConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     seed: int = 1
-    split: str = "train"
-    samples: int = 64  # answers sampled per question (paper: 64)
-    temperature: float = 0.7
-    top_p: float = 0.95
-    min_correct: int = 2  # keep a question only with at least this many verified answers
+    split: str = one_of("train", "test", default="train")
+    samples: int = at_least(1, default=64)  # answers sampled per question (paper: 64)
+    temperature: float = at_least(0.0, default=0.7)
+    top_p: float = between(0.0, 1.0, default=0.95)
+    # keep a question only with at least this many verified answers
+    min_correct: int = at_least(1, default=2)
     finished_only: bool = True  # keep answers that ended with EOS (not cut at max_response_length)
     dedupe: bool = True  # drop exact duplicate answers (counted once toward min_correct)
-    max_keep: Optional[int] = None  # at most this many answers per question
-    keep: str = "random"  # which answers max_keep keeps: random | shortest | diverse
+    max_keep: Optional[int] = at_least(1, default=None)  # at most this many answers per question
+    # which answers max_keep keeps
+    keep: str = one_of("random", "shortest", "diverse", default="random")
     out: str = "runs/pool"
-    shard_size: int = 32  # questions per shard file
+    shard_size: int = at_least(1, default=32)  # questions per shard file
     progress: bool = True
 
 
@@ -313,15 +423,18 @@ class EvaluateConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # wandb, project, name only
     datasets: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23"])
     data_dir: Optional[str] = None  # where dataset names resolve (<data_dir>/<name>.jsonl)
-    limit: Optional[int] = None  # only the first N questions of each dataset (quick checks)
+    # only the first N questions of each dataset (quick checks)
+    limit: Optional[int] = at_least(1, default=None)
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])  # built-in arithmetic only
-    samples: int = 32  # answers per question (paper: 32)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: Optional[int] = None  # response limit; None = rollout.max_response_length
+    samples: int = at_least(1, default=32)  # answers per question (paper: 32)
+    temperature: float = at_least(0.0, default=1.0)
+    top_p: float = between(0.0, 1.0, default=1.0)
+    # response limit; None = rollout.max_response_length
+    max_tokens: Optional[int] = at_least(1, default=None)
     seed: int = 1
     out: str = "runs/eval"
-    chunk_size: int = 8  # questions per work unit (the unit of resuming and of rank sharing)
+    # questions per work unit (the unit of resuming and of rank sharing)
+    chunk_size: int = at_least(1, default=8)
     progress: bool = True
 
 
@@ -330,27 +443,29 @@ class DemoConfig:
     """python -m megatron_rlep.demo: baseline, pool, RLEP, evaluation and report in one run."""
     experiment: str = "cpu_demo"  # the training preset both runs share (conf/experiment/)
     # the built-in task: arithmetic (the preset as named), code or logic (<experiment>_<task>)
-    task: str = "arithmetic"
-    replay_per_prompt: int = 2  # M of the RLEP run; the baseline has 0
+    task: str = one_of("arithmetic", "code", "logic", default="arithmetic")
+    replay_per_prompt: int = at_least(1, default=2)  # M of the RLEP run; the baseline has 0
     seed: int = 1  # both runs, the pool and the evaluation
     out: str = "runs/demo"
     # a finished pool directory for RLEP to replay instead of the one built from this demo's
     # baseline (no pool stage): arms of a study that share one pool (docs/demo_runs.md)
     pool: Optional[str] = None
-    pool_samples: int = 6  # answers sampled per training question for the pool
-    pool_temperature: float = 0.7
-    pool_top_p: float = 0.95
-    min_correct: int = 2
+    pool_samples: int = at_least(1, default=6)  # answers sampled per training question for the pool
+    pool_temperature: float = at_least(0.0, default=0.7)
+    pool_top_p: float = between(0.0, 1.0, default=0.95)
+    min_correct: int = at_least(1, default=2)
     pool_dedupe: bool = False  # short arithmetic answers repeat word for word: keep them all
-    eval_samples: int = 4  # answers per held-out question in the final evaluation
+    # answers per held-out question in the final evaluation
+    eval_samples: int = at_least(1, default=4)
     # the report's fixed accuracy for steps-to-threshold: about twice the built-in model's
     # accuracy on the demo's held-out questions (0.11 on levels 3, 4 and 6)
     threshold: float = 0.2
-    wandb: str = "disabled"  # online | offline | disabled, for both runs and the evaluations
+    # for both runs and the evaluations
+    wandb: str = one_of("online", "offline", "disabled", default="disabled")
     # matched: a third run, DAPO with G + M fresh rollouts per prompt (RLEP's group size and
     # sequences per step), evaluated and compared with RLEP: is the gain the replays or the
     # larger groups?
-    compare: str = "none"
+    compare: str = one_of("none", "matched", default="none")
     progress: bool = True
 
 
@@ -377,68 +492,6 @@ _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmCon
                                            RolloutConfig, ValidationConfig, ParallelConfig,
                                            LoggingConfig, VerifierConfig, CodeSandboxConfig)}
 
-VERIFIER_MODES = ("dapo", "math", "code", "custom")  # also the tools' --mode / --verify
-
-_CHOICES = {
-    "algorithm.name": ("grpo", "dapo", "rlep"),
-    "algorithm.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "algorithm.replay.strategy": ("uniform", "rescue", "priority", "recent"),
-    "algorithm.correction.is_level": ("auto", "token", "sequence"),
-    "algorithm.correction.is_mode": ("truncate", "mask"),
-    "algorithm.correction.baseline": ("plain", "weighted"),
-    "algorithm.correction.rs_level": ("token", "sequence", "geometric"),
-    "algorithm.correction.replay": ("on_policy", "stored", "down_weight"),
-    "algorithm.filter_metric": ("acc", "reward"), "algorithm.short_batch": ("error", "train"),
-    "algorithm.old_logp": ("actor", "rollout"),
-    "rollout.engine": ("auto", "vllm", "transformers"),
-    "logging.wandb": ("online", "offline", "disabled"),
-    "verifier.mode": VERIFIER_MODES, "verifier.math_rule": ("dapo", "math"),
-    "model.dtype": ("auto", "float32", "bfloat16"),
-    "model.transformer_impl": ("auto", "transformer_engine", "local"),
-    "parallel.recompute": ("none", "selective", "full"),
-    "keep": ("random", "shortest", "diverse"), "split": ("train", "test"),
-    "wandb": ("online", "offline", "disabled"), "compare": ("none", "matched"),
-    "task": ("arithmetic", "code", "logic"), "rollout.placement": ("colocated", "disaggregated"),
-    "rollout.partial_kv": ("recompute", "keep"),
-}
-_RANGES = {  # key: (low, high), inclusive; None = unbounded
-    "algorithm.rollouts_per_prompt": (1, None), "algorithm.replay_per_prompt": (0, None),
-    "algorithm.prompts_per_rollout": (1, None), "algorithm.prompts_per_update": (1, None),
-    "algorithm.epochs": (1, None), "algorithm.clip_low": (0.0, 1.0),
-    "algorithm.clip_high": (0.0, None), "algorithm.dual_clip": (1.0, None),
-    "algorithm.overlong_buffer": (0, None), "algorithm.lr": (0.0, None), "algorithm.adam_eps": (0.0, None),
-    "algorithm.warmup_steps": (0, None), "algorithm.max_skipped_updates": (0, None), "algorithm.max_gen_batches": (0, None), "algorithm.grad_clip": (0.0, None),
-    "algorithm.total_steps": (0, None), "algorithm.replay.priority_floor": (0.0, 1.0),
-    "algorithm.replay.cap": (1, None), "algorithm.pool_min_coverage": (0.0, 1.0),
-    "algorithm.correction.is_threshold": (1.0, None), "algorithm.correction.rs_threshold": (1.0, None),
-    "algorithm.correction.rs_threshold_lower": (0.0, 1.0),
-    "algorithm.correction.replay_weight": (0.0, None), "rollout.temperature": (0.0, None),
-    "rollout.top_p": (0.0, 1.0), "rollout.max_response_length": (1, None),
-    "rollout.tensor_parallel": (1, None), "rollout.batch_size": (1, None),
-    "rollout.gpu_memory_utilization": (0.0, 1.0),
-    "rollout.dedicated_gpu_memory_utilization": (0.0, 1.0),
-    "algorithm.max_staleness": (0, None), "rollout.ranks": (0, None),
-    "rollout.segment_tokens": (1, None), "rollout.extra_prompts": (0, None),
-    "rollout.timeout_s": (1.0, None), "rollout.connect_timeout_s": (1.0, None),
-    "parallel.tensor_parallel": (1, None), "parallel.pipeline_parallel": (1, None),
-    "parallel.expert_parallel": (1, None), "algorithm.router_aux_loss": (0.0, None),
-    "parallel.micro_batch_size": (1, None), "parallel.max_tokens_per_micro_batch": (0, None),
-    "parallel.logprob_chunk_tokens": (0, None), "data.train_size": (1, None),
-    "data.eval_size": (1, None), "samples": (1, None), "questions": (1, None),
-    "data.max_prompt_length": (1, None), "min_correct": (1, None), "shard_size": (1, None),
-    "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_keep": (1, None), "validation.n": (1, None),
-    "validation.temperature": (0.0, None), "validation.top_p": (0.0, 1.0),
-    "validation.max_response_length": (1, None),
-    "logging.eval_every": (0, None), "logging.save_every": (0, None), "logging.keep_checkpoints": (0, None), "limit": (1, None),
-    "max_tokens": (1, None), "chunk_size": (1, None), "replay_per_prompt": (1, None),
-    "pool_samples": (1, None), "pool_temperature": (0.0, None), "pool_top_p": (0.0, 1.0),
-    "eval_samples": (1, None), "verifier.workers": (1, None), "verifier.timeout_s": (0.1, None),
-    "verifier.max_failures": (0.0, 1.0), "verifier.code.wall_s": (0.1, None),
-    "verifier.code.cpu_s": (1, None), "verifier.code.memory_mb": (16, None),
-    "verifier.code.nproc": (1, None), "verifier.code.fsize_mb": (1, None),
-    "verifier.code.tmpfs_mb": (1, None), "verifier.code.output_kb": (1, None),
-}
-
 
 def _get(cfg: Config, dotted: str) -> Any:
     value = cfg
@@ -447,81 +500,32 @@ def _get(cfg: Config, dotted: str) -> Any:
     return value
 
 
-def _check_values(cfg) -> None:
-    """Check every listed key the schema of ``cfg`` has (unset optional keys are skipped), and
-    resolve ``algorithm.correction.is_level=auto``."""
-    if isinstance(cfg, Config) and cfg.algorithm.correction.is_level == "auto":
-        # under asynchronous rollout AReaL's decoupled loss (megatron_rlep/correction.py)
-        a = cfg.algorithm  # (old_logp=rollout under staleness is refused below)
-        a.correction.is_level = "token" if a.max_staleness and a.old_logp == "actor" else None
-    def value_of(key):
-        try:
-            return _get(cfg, key)
-        except AttributeError:
-            return None
-
-    for key, allowed in _CHOICES.items():
-        if value_of(key) is not None and value_of(key) not in allowed:
-            raise ConfigError(f"config key {key}={_get(cfg, key)!r} is not allowed; use one of "
-                              f"{', '.join(allowed)}.")
-    for key, (low, high) in _RANGES.items():
-        value = value_of(key)
-        if value is None:
+def _check_values(node, prefix: str = "") -> None:
+    """Check every key of ``node``, its groups' too, declared with ``one_of``, ``at_least`` or
+    ``between`` (an unset optional key is not checked)."""
+    for f in dataclasses.fields(node):
+        key, value = prefix + f.name, getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_values(value, f"{key}.")
+        elif value is None:
             continue
-        if (low is not None and value < low) or (high is not None and value > high):
-            bound = f">= {low}" if high is None else f"between {low} and {high}"
-            raise ConfigError(f"config key {key}={value} is out of range; it must be {bound}.")
-    if isinstance(cfg, Config) and cfg.algorithm.prompts_per_rollout % cfg.algorithm.prompts_per_update:
-        raise ConfigError(
-            f"config key algorithm.prompts_per_update={cfg.algorithm.prompts_per_update} does "
-            f"not divide algorithm.prompts_per_rollout={cfg.algorithm.prompts_per_rollout}; "
-            f"pick a divisor so every update sees whole groups.")
-    if isinstance(cfg, Config) and cfg.algorithm.old_logp == "rollout":
-        c, top_p = cfg.algorithm.correction, cfg.rollout.top_p
-        if c.is_level is not None or c.rs_level is not None:
-            raise ConfigError("config key algorithm.old_logp=rollout makes the engine's log-probs "
-                              "the old policy's, so algorithm.correction has no mismatch left to "
-                              "correct; unset algorithm.correction.is_level and rs_level, or use "
-                              "algorithm.old_logp=actor.")
-        if top_p < 1:
-            raise ConfigError(f"config key algorithm.old_logp=rollout needs rollout.top_p=1: with "
-                              f"rollout.top_p={top_p} the engine's log-probs are of the truncated "
-                              "distribution, not the policy's; set rollout.top_p=1 or use "
-                              "algorithm.old_logp=actor.")
-    if isinstance(cfg, Config):
-        _check_asynchrony(cfg)
-    if isinstance(cfg, Config) and cfg.algorithm.kl_coef != 0:
-        raise ConfigError(f"config key algorithm.kl_coef={cfg.algorithm.kl_coef} asks for a KL "
-                          "term against a reference policy, which this trainer does not build "
-                          "(RLEP and DAPO train without one); set algorithm.kl_coef=0.")
-    verifier = getattr(cfg, "verifier", None)
-    if verifier is not None and (verifier.mode == "custom") != bool(verifier.function):
-        raise ConfigError("config key verifier.function names the reward function of "
-                          "verifier.mode=custom and only of it; give verifier=custom "
-                          "verifier.function=FILE.py:NAME together (or neither).")
-    if isinstance(cfg, Config) and cfg.parallel.share_prompts and cfg.parallel.pack_sequences:
-        raise ConfigError("config keys parallel.share_prompts and parallel.pack_sequences are two "
-                          "ways to pack a micro-batch; set one of them to false.")
+        elif "one_of" in f.metadata and value not in f.metadata["one_of"]:
+            raise ConfigError(f"config key {key}={value!r} is not allowed; use one of "
+                              f"{', '.join(f.metadata['one_of'])}.")
+        elif "range" in f.metadata:
+            low, high = f.metadata["range"]
+            if (low is not None and value < low) or (high is not None and value > high):
+                bound = f">= {low}" if high is None else f"between {low} and {high}"
+                raise ConfigError(f"config key {key}={value} is out of range; it must be {bound}.")
 
 
-def _check_asynchrony(cfg: Config) -> None:
-    """Asynchronous settings that need a staleness bound, or would add staleness twice."""
-    a, r = cfg.algorithm, cfg.rollout
-    if (r.partial or r.extra_prompts) and a.max_staleness < 1:
-        what = "rollout.partial=true continues answers under newer weights" if r.partial else \
-            f"rollout.extra_prompts={r.extra_prompts} carries finished groups into later steps"
-        raise ConfigError(f"config key {what}, so their tokens come from older policies; set "
-                          "algorithm.max_staleness to 1 or more (how many versions behind a "
-                          "trained token may be).")
-    if r.placement == "disaggregated" and r.ranks < 1:
-        raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
-                          "many of the job's ranks run the engines (e.g. rollout.ranks=1).")
-    if a.max_staleness and a.old_logp == "rollout":
-        raise ConfigError(f"config key algorithm.old_logp=rollout takes the engine's log-probs as "
-                          f"the old policy's, but with algorithm.max_staleness={a.max_staleness} "
-                          "they are of a policy up to that many versions older: the two would "
-                          "add staleness twice; use algorithm.old_logp=actor (the policy before "
-                          "this update) and algorithm.correction for the rest.")
+def _check_rules(node) -> None:
+    """Call the ``check`` of every group of ``node``, then its own: the rules between keys."""
+    for f in dataclasses.fields(node):
+        if dataclasses.is_dataclass(value := getattr(node, f.name)):
+            _check_rules(value)
+    if callable(check := getattr(type(node), "check", None)):
+        check(node)
 
 
 def _known_keys(node: Any) -> list[str]:
@@ -576,6 +580,7 @@ def load_config(raw: DictConfig | dict, schema: type = Config):
     except OmegaConfBaseException as err:
         raise _one_sentence(err, schema) from None
     _check_values(cfg)
+    _check_rules(cfg)
     return cfg
 
 

@@ -2,12 +2,14 @@
 
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from speed import scaled
 
-from megatron_rlep.config import CONF_DIR, ConfigError, check_overrides, compose
+from megatron_rlep.config import (CONF_DIR, ConfigError, at_least, between, check_overrides,
+                                  compose, load_config, one_of)
 
 GROUPS = ["model", "data", "algorithm", "rollout", "parallel", "logging", "verifier"]
 NEEDS = {"verifier=custom": ["verifier.function=megatron_rlep.tasks.logic:compute_score"]}
@@ -64,6 +66,39 @@ def test_bad_keys_and_values_are_one_sentence(override, message):
     text = str(info.value)
     assert message in text
     assert "\n" not in text and text.endswith(".")
+
+
+@dataclass
+class Beams:
+    width: int = at_least(1, default=4)
+    order: str = one_of("best", "first", default="best")
+
+    def check(self):
+        if self.order == "first" and self.width > 1:
+            raise ConfigError("config key beams.order=first keeps one beam; set beams.width=1.")
+
+
+@dataclass
+class Decoding:
+    beams: Beams = field(default_factory=Beams)
+    share: float = between(0.0, 1.0, default=0.5)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"beams": {"width": 0}}, "config key beams.width=0 is out of range; it must be >= 1."),
+    ({"share": 1.5}, "config key share=1.5 is out of range; it must be between 0.0 and 1.0."),
+    ({"beams": {"order": "last"}}, "config key beams.order='last' is not allowed; use one of "
+                                   "best, first."),
+    ({"beams": {"order": "first"}}, "config key beams.order=first keeps one beam; set "
+                                    "beams.width=1.")])
+def test_a_key_with_its_range_is_one_line_in_its_dataclass(raw, message):
+    """Adding a checked key is one edit: its line, range or choices included, in its group's
+    dataclass (as ``Decoding`` here); a rule between keys is its group's ``check``."""
+    assert load_config({}, Decoding) == Decoding()
+    assert load_config({"beams": {"width": 1, "order": "first"}}, Decoding).beams.width == 1
+    with pytest.raises(ConfigError) as info:
+        load_config(raw, Decoding)
+    assert str(info.value) == message
 
 
 def test_sweeps_are_checked_job_by_job():
