@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 
-from megatron_rlep import placement
+from megatron_rlep.rollout import placement
 from megatron_rlep.config import Config, RunError
 from megatron_rlep.data import Example
 from megatron_rlep.metrics import mean_or_none

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rlep import correction, host_memory, metrics, placement, platform, rundir, tasks
+from megatron_rlep import correction, host_memory, metrics, platform, rundir, tasks
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.builtin_model import resolve_model_path
@@ -58,8 +58,10 @@ from megatron_rlep.metrics import mean_or_none
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.platform import any_rank, is_rank0
 from megatron_rlep.producer import Producer, load_pool
-from megatron_rlep.rollout import (engine_length, generate_sharded, make_engine, model_stop_ids,
-                                   training_engine, validation_sampling)
+from megatron_rlep.rollout import (engine_length, make_engine, model_stop_ids, training_engine,
+                                   validation_sampling)
+from megatron_rlep.rollout import placement
+from megatron_rlep.rollout.service import LocalRollout, RemoteRollout
 from megatron_rlep.reward.scorer import Item, Scorer
 
 
@@ -136,13 +138,15 @@ class Trainer:
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
         r = replace(r, engine=training_engine(r.engine, self.actor.hf_path))
-        self.remote = r.placement == "disaggregated"  # the engines on the rollout ranks
-        self.engine = None if self.remote else make_engine(
+        engine = None if r.placement == "disaggregated" else make_engine(
             r, self.actor.hf_path, self.actor.dtype, cfg.seed, engine_length(cfg))
         self.producer = Producer(cfg, self.tokenizer,
                                  model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
-                                 pool, self.engine, self.train_set, bridge)
+                                 pool, engine, self.train_set, bridge)
         self.stream = self.producer.stream
+        # the rollout side, wherever it runs: the loop below never asks where
+        self.rollout = RemoteRollout(self.stream) if r.placement == "disaggregated" else \
+            LocalRollout(engine, r)
         self.step, in_flight = 0, []
         self.skipped_in_a_row = 0  # updates skipped for non-finite gradients, the latest ones
         if cfg.resume and (self.run_dir / "checkpoints" / "latest").is_file():
@@ -205,8 +209,7 @@ class Trainer:
         one epoch, no off-policy correction, no KL term. Only the later mini-batches then need a
         forward pass of their own first."""
         a = self.cfg.algorithm
-        if self.engine is not None:
-            self.engine.sleep()  # a colocated engine frees its memory for the update
+        self.rollout.before_update()
         assign_advantages(groups, a.normalize_std)
         self.actor.begin_step(self.step)
         batch = _sequences(groups)
@@ -264,14 +267,7 @@ class Trainer:
         streamed into the colocated engine, or broadcast to the rollout ranks in buckets (every
         rank takes part in the export)."""
         start = time.perf_counter()
-        buckets = self.actor.export_hf()
-        if self.remote:
-            self.stream.weights(version, buckets)
-        elif self.engine is not None:
-            self.engine.load_weights(buckets, keep_cache=self.cfg.rollout.partial_kv == "keep")
-        else:
-            for _ in buckets:  # the collectives of the export still need this rank
-                pass
+        self.rollout.load_weights(version, self.actor.export_hf())
         out = {"time/sync_s": time.perf_counter() - start}
         if self.cfg.rollout.check_sync:
             out["sync/max_logprob_diff"], out["sync/mean_logprob_diff"] = \
@@ -285,12 +281,11 @@ class Trainer:
         actor = torch.log_softmax(self.actor.logits(ids)[0, :-1].float(), -1)
         actor = actor.gather(-1, ids[0, 1:, None])[:, 0]
         diff = torch.zeros(2, device=platform.device())
-        engine = self.stream.probe(probe) if self.remote else \
-            self.engine.sequence_logprobs(probe) if self.engine is not None else None
-        if engine is not None:
-            gap = (engine - actor.cpu()).abs()
+        probed = self.rollout.probe(probe)  # None on a rank without an engine
+        if probed is not None:
+            gap = (probed - actor.cpu()).abs()
             diff += torch.tensor([gap.max().item(), gap.mean().item()], device=diff.device)
-        if dist.is_initialized() and not self.remote:
+        if dist.is_initialized():  # from the ranks that have an engine
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         return float(diff[0]), float(diff[1])
 
@@ -303,13 +298,8 @@ class Trainer:
         n, out, accs, errors, record = self.cfg.validation.n, {}, [], [], []
         for name, examples in self.eval_sets.items():
             prompts = [self.producer.prompt_ids(e) for e in examples]
-            if self.engine is not None and self.cfg.rollout.partial_kv == "keep":
-                self.engine.clear_cache()  # validated by the current weights alone
-            completions = self.stream.sample(prompts, [n] * len(examples), self.cfg.seed,
-                                               **validation_sampling(self.cfg)) if self.remote else \
-                generate_sharded(self.engine, prompts, [n] * len(examples),
-                                 self.cfg.rollout.tensor_parallel, seed=self.cfg.seed,
-                                 **validation_sampling(self.cfg))
+            completions = self.rollout.sample(prompts, [n] * len(examples), self.cfg.seed,
+                                              **validation_sampling(self.cfg))
             answers = [(i, j, e, c) for i, (e, group) in enumerate(zip(examples, completions))
                        for j, c in enumerate(group)]
             scores = self.scorer.score([Item(e.data_source, c.text, e.ground_truth, e.extra_info)
@@ -379,17 +369,10 @@ class Trainer:
                     metrics["val/best_kept"] = float(self.checkpoints.keep_best(
                         self.actor, self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
-                if self.remote:  # each side's waits on the other
+                if self.stream is not None:  # asynchronous: each side's waits on the other
                     metrics.update(stale)
-                    metrics["time/learner_idle"], self.stream.idle = self.stream.idle, 0.0
-                    metrics["time/rollout_idle"], self.stream.rollout_idle = \
-                        self.stream.rollout_idle, 0.0
-                    metrics.update(self.stream.memory())
-                elif self.stream is not None:  # colocated: each idles while the other works
-                    metrics.update(stale)
-                    metrics["time/learner_idle"] = t1 - t0
-                    metrics["time/rollout_idle"] = (t1 - t0 - info["generating_s"]) + \
-                        (time.perf_counter() - t1)
+                    metrics.update(self.rollout.waits(t1 - t0, info["generating_s"],
+                                                      time.perf_counter() - t1))
                 metrics.update(self.scorer.take_counts())  # rewards that raised, timed out, ...
                 metrics["reward/unscored"], producer.unscored = producer.unscored, 0
                 if producer.pool is not None:
@@ -420,8 +403,6 @@ class Trainer:
         finally:
             monitor.close()
             self.scorer.close()
-        if self.remote:  # a failed run says nothing more to the rollout ranks: its exit ends them
-            self.stream.stop()
 
 
 def asynchrony_line(cfg: Config) -> str:
@@ -578,8 +559,9 @@ def main(cfg: Config) -> None:
     trainer.run()
     if dist.is_initialized():
         dist.barrier()
-    if trainer.engine is not None:
-        trainer.engine.close()  # vLLM's teardown now, not at a later job's garbage collection
+    # the rollout side's end: vLLM's teardown now, not at a later job's garbage collection, and
+    # the rollout ranks told to stop (a failed run never gets here: its exit ends them)
+    trainer.rollout.close()
     platform.destroy_distributed()  # NCCL warns of a leak otherwise; a sweep's next job re-inits
 
 

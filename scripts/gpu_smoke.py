@@ -286,7 +286,7 @@ def export_speed(actor, parameters: int) -> dict:
     (placement.flat_bucket); the faster of two passes, its bytes against the parameters'."""
     import torch
 
-    from megatron_rlep.placement import flat_bucket
+    from megatron_rlep.rollout.placement import flat_bucket
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

@@ -1,4 +1,4 @@
-"""Asynchronous rollout for real (megatron_rlep/rollout/stream.py, megatron_rlep/placement.py):
+"""Asynchronous rollout for real (megatron_rlep/rollout/stream.py, megatron_rlep/rollout/placement.py):
 the synchronous trainer unchanged, bit for bit, against a pinned earlier commit; the rollout stream through a kill -9 and a resume with every prompt of the stream trained
 exactly once and no token past the bound; disaggregated placement under torchrun (two learners,
 one rollout rank) that runs, resumes, checks its weight broadcast, and ends in one sentence

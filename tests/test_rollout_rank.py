@@ -1,9 +1,9 @@
-"""A rollout rank of the disaggregated placement (megatron_rlep/placement.py) before its loop:
+"""A rollout rank of the disaggregated placement (megatron_rlep/rollout/placement.py) before its loop:
 the engine it builds, with the bridge and the engine stood in for."""
 
 import pytest
 
-from megatron_rlep import placement
+from megatron_rlep.rollout import placement
 from megatron_rlep.rollout import messages
 from megatron_rlep.config import compose
 
@@ -177,3 +177,19 @@ def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monk
     copies = [i for i, o in enumerate(order) if o[0] == "copy"]
     assert order[copies[2] - 1] == ("wait for", 0) and order[copies[3] - 1] == ("wait for", 1)
     assert sum(o[0] == "wait for" for o in order) == 2
+
+
+def test_the_learners_loop_never_asks_where_the_engines_run():
+    """Item 1 of the rollout ranks' work: the loop (Trainer's methods but its construction)
+    reaches the engines only through the rollout side (rollout/service.py), never by placement."""
+    import ast
+    import inspect
+
+    from megatron_rlep import train
+
+    tree = ast.parse(inspect.getsource(train.Trainer))
+    for method in tree.body[0].body:
+        if isinstance(method, ast.FunctionDef) and method.name not in ("__init__", "_bridge"):
+            names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)
+                     for n in ast.walk(method)}
+            assert not names & {"placement", "remote", "engine", "RemoteStream"}, method.name

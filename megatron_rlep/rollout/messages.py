@@ -1,5 +1,5 @@
 """What learner 0 and the rollout ranks say to each other over the bridge
-(megatron_rlep/placement.py), as small named types: a message is read by its fields, never by
+(megatron_rlep/rollout/placement.py), as small named types: a message is read by its fields, never by
 its place in a tuple.
 
 Learner 0 to an engine's reader (the first of its ranks, which passes it on to the others):

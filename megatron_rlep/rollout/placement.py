@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import host_memory
+from megatron_rlep.errors import ConfigError, RunError
 from megatron_rlep.rollout import messages as m
 from megatron_rlep.rollout.stream import Answer, Flight, RolloutStream
 
@@ -57,7 +58,6 @@ def split(cfg) -> tuple[str, int, int]:
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     rollout = cfg.rollout.ranks
-    from megatron_rlep.config import ConfigError
 
     if rollout >= world:
         raise ConfigError(f"config key rollout.ranks={rollout} leaves no rank to train in a job "
@@ -293,7 +293,6 @@ def engines(cfg) -> list[list[int]]:
     """The rollout engines as lists of bridge ranks (an engine of rollout.tensor_parallel
     ranks; the first reports for it)."""
     tp, ranks = cfg.rollout.tensor_parallel, cfg.rollout.ranks
-    from megatron_rlep.config import ConfigError
 
     if ranks % tp:
         raise ConfigError(f"config key rollout.ranks={ranks} is not a multiple of "
@@ -498,8 +497,6 @@ class RemoteStream(RolloutStream):
             dist.broadcast_object_list(box, src=0)
         kind, value = box[0]
         if kind == "error":
-            from megatron_rlep.config import RunError
-
             raise RunError(value)
         return value
 
@@ -520,107 +517,138 @@ def gone(rank: int, why) -> str:
 def rollout_rank_main(cfg, index: int, learners: int) -> None:
     """A rollout rank: its engine, its stream of flights, and the learner's requests, until
     told to stop. A failure is sent to learner 0 in one line before this rank exits."""
-    from megatron_rlep.builtin_model import resolve_model_path
-    from megatron_rlep.platform import compute_dtype
-    from megatron_rlep.rollout import engine_length, make_engine
-    from megatron_rlep.rollout.base import request_seed
-
-    r, a = cfg.rollout, cfg.algorithm
+    r = cfg.rollout
     own_device()
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
     try:
-        peers = None  # the ranks of this rank's engine, where it has several
-        if r.tensor_parallel > 1:  # the engine's ranks: a process group of their own
-            os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks))  # vLLM reads them
-            dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl",
-                                    store=job_store("rollout", bridge.timeout), rank=index,
-                                    world_size=r.ranks)
-            first = index - index % r.tensor_parallel
-            for start in range(0, r.ranks, r.tensor_parallel):  # every rank makes every group
-                group = dist.new_group(list(range(start, start + r.tensor_parallel)),
-                                       backend="gloo")
-                if start == first:
-                    peers = (group, first)
-        path = resolve_model_path(cfg.model.path)
-        engine = make_engine(r, path, compute_dtype(cfg.model.dtype), cfg.seed,
-                             engine_length(cfg), dedicated=True)
-        report = index % r.tensor_parallel == 0  # the engine's reader: it alone reads and says
-
-        def next_message(busy: bool):
-            """The learner's next message for this engine, or None to go on sampling: its
-            reader takes it from the bridge (waiting when there is nothing to sample) and passes
-            it to the engine's other ranks, so that every rank of one engine does the same
-            things in the same order (each reading the bridge on its own, a message could land
-            between one rank's segment and another's)."""
-            message = None
-            if report and (not busy or bridge.ready(0)):
-                message = bridge.receive(0, None)
-            if peers is not None:
-                box = [message]
-                dist.broadcast_object_list(box, src=peers[1], group=peers[0])
-                message = box[0]
-            return message
-
-        def generate(prompts, counts, seed, max_tokens):
-            return engine.generate(prompts, counts, seed=seed, temperature=r.temperature,
-                                   top_p=r.top_p, max_tokens=max_tokens)
-
-        stream = RolloutStream(generate, r.segment_tokens if r.partial else r.max_response_length,
-                               r.max_response_length, a.max_staleness)
-        version = 0
-        idle = 0.0  # seconds without work or loading weights since the last report
-        # host_memory.metrics once the engine is up and after each load of weights (tcmalloc's
-        # free pages settled after the first ones): sent with the next finished flights
-        settle_pages = host_memory.FreePageSettle("perf/rollout_")
-        memory = host_memory.metrics("perf/rollout_") if report else {}
-        while True:
-            start = time.monotonic()
-            message = next_message(bool(stream.pending()))
-            if isinstance(message, m.Stop):
-                engine.close()  # now, not when a sweep's later job collects it
-                if report:
-                    bridge.send(0, m.Stopped())
-                bridge.close()
-                return
-            if isinstance(message, m.Broken):
-                raise RolloutRankError(f"the bridge to learner 0 broke ({message.why})")
-            if isinstance(message, m.Work):
-                stream.dispatch([Flight(p, ids, n) for p, ids, n in message.flights], version)
-            elif isinstance(message, m.Weights):
-                version = message.version
-                engine.load_weights(bridge.receive_buckets(r.timeout_s),
-                                    keep_cache=r.partial_kv == "keep")
-                print(f"rollout rank {index}: weights of version {version} loaded; "
-                      f"{len(stream.flights)} prompts in flight, positions "
-                      f"{sorted(f.position for f in stream.flights)[:8]}", flush=True)
-                released = settle_pages()
-                memory = {**released, **host_memory.metrics("perf/rollout_")} if report else {}
-            elif isinstance(message, m.Generate):
-                if r.partial_kv == "keep":
-                    engine.clear_cache()  # validated by the current weights alone
-                out = engine.generate(message.prompts, message.counts,
-                                      seed=[request_seed(message.seed, i) for i in message.places],
-                                      **message.sampling)
-                if report:
-                    bridge.send(0, m.Generated(out))
-            elif isinstance(message, m.Probe):
-                logprobs = engine.sequence_logprobs(message.ids)
-                if report:
-                    bridge.send(0, m.Probed(logprobs))
-            if isinstance(message, (m.Work, m.Weights)):
-                idle += time.monotonic() - start
-            if message is not None:
-                continue
-            stream.advance(version, cfg.seed)
-            landed = stream.take(len(stream.flights), version)
-            if landed and report:
-                bridge.send(0, m.Landed([(f.position, [(a.token_ids, a.logprobs, a.versions,
-                                                        a.finished) for a in f.answers])
-                                         for f in landed], idle, memory))
-                idle, memory = 0.0, {}
+        RolloutRank(cfg, index, bridge).run()
     except Exception as err:  # noqa: BLE001 - told to the learner in one line
         try:
             bridge.send(0, m.Failed(f"{type(err).__name__}: {str(err)[:300]}"))
             bridge.receive(0, 60)  # the learner's stop: it ends the run in its own words first
         finally:
             raise
+
+
+class RolloutRank:
+    """One rank of a rollout engine: the engine, its own ``RolloutStream`` of flights, and the
+    learner's messages, which the engine's first rank (its *reader*) takes from the bridge and
+    passes to the engine's other ranks. Between messages it samples a segment of every answer
+    in flight and sends back what finished."""
+
+    def __init__(self, cfg, index: int, bridge: Bridge):
+        from megatron_rlep.builtin_model import resolve_model_path
+        from megatron_rlep.platform import compute_dtype
+        from megatron_rlep.rollout import engine_length, make_engine
+
+        self.cfg, self.index, self.bridge = cfg, index, bridge
+        r = self.r = cfg.rollout
+        self.peers = self._engine_group() if r.tensor_parallel > 1 else None
+        self.engine = make_engine(r, resolve_model_path(cfg.model.path),
+                                  compute_dtype(cfg.model.dtype), cfg.seed, engine_length(cfg),
+                                  dedicated=True)
+        self.reader = index % r.tensor_parallel == 0  # it alone reads the bridge and reports
+        self.stream = RolloutStream(self._generate, r.segment_tokens if r.partial else
+                                    r.max_response_length, r.max_response_length,
+                                    cfg.algorithm.max_staleness)
+        self.version = 0
+        self.idle = 0.0  # seconds without work or loading weights since the last report
+        # host_memory.metrics once the engine is up and after each load of weights (tcmalloc's
+        # free pages settled after the first ones): sent with the next finished flights
+        self.settle_pages = host_memory.FreePageSettle("perf/rollout_")
+        self.memory = host_memory.metrics("perf/rollout_") if self.reader else {}
+
+    def _engine_group(self) -> tuple:
+        """(this engine's process group, its reader's rank in the rollout ranks' world): the
+        rollout ranks' world first (vLLM's launcher reads RANK and WORLD_SIZE), then a group per
+        engine, each made by every rank."""
+        r, index = self.r, self.index
+        os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks))
+        dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl",
+                                store=job_store("rollout", self.bridge.timeout), rank=index,
+                                world_size=r.ranks)
+        first, mine = index - index % r.tensor_parallel, None
+        for start in range(0, r.ranks, r.tensor_parallel):
+            group = dist.new_group(list(range(start, start + r.tensor_parallel)), backend="gloo")
+            if start == first:
+                mine = (group, first)
+        return mine
+
+    def _generate(self, prompts, counts, seeds, max_tokens):
+        r = self.r
+        return self.engine.generate(prompts, counts, seed=seeds, temperature=r.temperature,
+                                    top_p=r.top_p, max_tokens=max_tokens)
+
+    def next_message(self, busy: bool):
+        """The learner's next message for this engine, or None to go on sampling: its reader
+        takes it from the bridge (waiting when there is nothing to sample) and passes it to the
+        engine's other ranks, so that every rank of one engine does the same things in the same
+        order (each reading the bridge on its own, a message could land between one rank's
+        segment and another's)."""
+        message = None
+        if self.reader and (not busy or self.bridge.ready(0)):
+            message = self.bridge.receive(0, None)
+        if self.peers is not None:
+            box = [message]
+            dist.broadcast_object_list(box, src=self.peers[1], group=self.peers[0])
+            message = box[0]
+        return message
+
+    def run(self) -> None:
+        while True:
+            start = time.monotonic()
+            message = self.next_message(bool(self.stream.pending()))
+            if isinstance(message, m.Stop):
+                self.engine.close()  # now, not when a sweep's later job collects it
+                self.say(m.Stopped())
+                self.bridge.close()
+                return
+            if message is None:
+                self.sample()
+                continue
+            self.handle(message)
+            if isinstance(message, (m.Work, m.Weights)):
+                self.idle += time.monotonic() - start
+
+    def say(self, message) -> None:
+        """To learner 0, by the engine's reader only."""
+        if self.reader:
+            self.bridge.send(0, message)
+
+    def handle(self, message) -> None:
+        r, engine = self.r, self.engine
+        if isinstance(message, m.Broken):
+            raise RolloutRankError(f"the bridge to learner 0 broke ({message.why})")
+        if isinstance(message, m.Work):
+            self.stream.dispatch([Flight(p, ids, n) for p, ids, n in message.flights],
+                                 self.version)
+        elif isinstance(message, m.Weights):
+            self.version = message.version
+            engine.load_weights(self.bridge.receive_buckets(r.timeout_s),
+                                keep_cache=r.partial_kv == "keep")
+            print(f"rollout rank {self.index}: weights of version {self.version} loaded; "
+                  f"{len(self.stream.flights)} prompts in flight, positions "
+                  f"{sorted(f.position for f in self.stream.flights)[:8]}", flush=True)
+            released = self.settle_pages()
+            self.memory = {**released, **host_memory.metrics("perf/rollout_")} \
+                if self.reader else {}
+        elif isinstance(message, m.Generate):
+            from megatron_rlep.rollout.base import request_seed
+
+            if r.partial_kv == "keep":
+                engine.clear_cache()  # validated by the current weights alone
+            self.say(m.Generated(engine.generate(
+                message.prompts, message.counts,
+                seed=[request_seed(message.seed, i) for i in message.places], **message.sampling)))
+        elif isinstance(message, m.Probe):
+            self.say(m.Probed(engine.sequence_logprobs(message.ids)))
+
+    def sample(self) -> None:
+        """A segment of every answer in flight; what finished goes to learner 0."""
+        self.stream.advance(self.version, self.cfg.seed)
+        landed = self.stream.take(len(self.stream.flights), self.version)
+        if landed and self.reader:
+            self.say(m.Landed([(f.position, [(a.token_ids, a.logprobs, a.versions, a.finished)
+                                             for a in f.answers]) for f in landed],
+                              self.idle, self.memory))
+            self.idle, self.memory = 0.0, {}
