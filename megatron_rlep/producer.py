@@ -95,22 +95,19 @@ def load_pool(cfg: Config, scorer, train_set: list[Example]) -> ExperiencePool |
 def check_stored_sampling(pool: ExperiencePool, rollout) -> None:
     """``correction.replay=stored`` compares a replay's recorded log-probs with the actor's at
     the run's sampling settings: a pool sampled under others is refused in one sentence."""
-    wanted = (rollout.temperature, rollout.top_p)
-    for temperature, top_p in sorted(pool.sampling() - {wanted}, key=str):
-        if temperature is None:
-            raise RunError(f"algorithm.correction.replay=stored compares the pool's recorded "
-                           f"log-probs with this run's, but pool {pool.source} does not say the "
-                           f"temperature and top-p it sampled at (its manifest has no sampling): "
-                           f"rebuild it with tools/build_pool.py at temperature="
-                           f"{rollout.temperature} top_p={rollout.top_p}, or use "
-                           "algorithm.correction.replay=on_policy")
-        raise RunError(f"algorithm.correction.replay=stored compares the pool's recorded "
-                       f"log-probs with this run's, but pool {pool.source} was sampled at "
-                       f"temperature {temperature} (top-p {top_p}) and this run samples at "
-                       f"rollout.temperature={rollout.temperature} (rollout.top_p="
-                       f"{rollout.top_p}): the two are of different distributions; rebuild the "
-                       f"pool with temperature={rollout.temperature} top_p={rollout.top_p} or "
-                       "use algorithm.correction.replay=on_policy")
+    others = sorted(pool.sampling() - {(rollout.temperature, rollout.top_p)}, key=str)
+    if not others:
+        return
+    temperature, top_p = others[0]
+    sampled = ("does not say the temperature and top-p it sampled at (its manifest has no "
+               "sampling): rebuild it with tools/build_pool.py at" if temperature is None else
+               f"was sampled at temperature {temperature} (top-p {top_p}) and this run samples "
+               f"at rollout.temperature={rollout.temperature} (rollout.top_p={rollout.top_p}): "
+               "the two are of different distributions; rebuild the pool with")
+    raise RunError(f"algorithm.correction.replay=stored compares the pool's recorded log-probs "
+                   f"with this run's, but pool {pool.source} {sampled} temperature="
+                   f"{rollout.temperature} top_p={rollout.top_p}, or use "
+                   "algorithm.correction.replay=on_policy")
 
 
 class Producer:
