@@ -6,6 +6,7 @@ when the rollout rank dies."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -270,10 +271,8 @@ def test_a_tp2_rollout_engine_reads_the_bridge_once_and_outlives_a_save_longer_t
     assert done.returncode == 0, why(done)
     assert "test: the first Trainer.save lasts 65 s longer" in done.stdout
     loads = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("rollout rank ") and "weights of version" in line:
-            rank, rest = line[len("rollout rank "):].split(": ", 1)
-            loads.setdefault(int(rank), []).append(rest)
+    for rank, rest in re.findall(r"rollout rank (\d+): (weights of version .*?\])", done.stdout):
+        loads.setdefault(int(rank), []).append(rest)
     assert sorted(loads) == [0, 1] and loads[0] == loads[1] and len(loads[0]) >= 3, loads
     logged = rows(run_dir)
     assert [r["step"] for r in logged] == [1, 2, 3]

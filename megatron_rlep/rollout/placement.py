@@ -626,9 +626,10 @@ class RolloutRank:
             self.version = message.version
             engine.load_weights(self.bridge.receive_buckets(r.timeout_s),
                                 keep_cache=r.partial_kv == "keep")
+            # One write with its newline: the ranks share the launcher's stdout.
             print(f"rollout rank {self.index}: weights of version {self.version} loaded; "
                   f"{len(self.stream.flights)} prompts in flight, positions "
-                  f"{sorted(f.position for f in self.stream.flights)[:8]}", flush=True)
+                  f"{sorted(f.position for f in self.stream.flights)[:8]}\n", end="", flush=True)
             released = self.settle_pages()
             self.memory = {**released, **host_memory.metrics("perf/rollout_")} \
                 if self.reader else {}
