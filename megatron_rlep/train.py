@@ -267,7 +267,7 @@ class Trainer:
         streamed into the colocated engine, or broadcast to the rollout ranks in buckets (every
         rank takes part in the export)."""
         start = time.perf_counter()
-        self.rollout.load_weights(version, self.actor.export_hf())
+        self.rollout.load_weights(version, self.actor.export_hf)
         out = {"time/sync_s": time.perf_counter() - start}
         if self.cfg.rollout.check_sync:
             out["sync/max_logprob_diff"], out["sync/mean_logprob_diff"] = \

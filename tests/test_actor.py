@@ -212,7 +212,7 @@ with torch.no_grad():  # the products by MKL, as transformers runs them
     layers.linear_with_grad_accumulation_and_async_allreduce = ours  # platform shim 13, if on
     kernels = (actor.logits(ids) - reference).abs().max().item()
 state = hf.state_dict()
-exact = all(torch.equal(t, state[k]) for bucket in actor.export_hf() for k, t in bucket)
+exact = all(torch.equal(t, state[k]) for bucket in actor.export_hf(list) for k, t in bucket)
 print("DIFF", diff, "EXACT", exact, "TOKENS", ids.shape[1], "NOISE", noise, "KERNELS", kernels)
 """
 

@@ -62,7 +62,7 @@ def export(run_dir: Path, source: Path, out: Path, tensor_parallel: int = 1,
     from transformers import AutoConfig
 
     from megatron_rlep import platform
-    from megatron_rlep.actor import bridge, checkpoint
+    from megatron_rlep.actor import checkpoint, hf
     from megatron_rlep.actor.actor import _use_transformer_engine, build_module
     from megatron_rlep.builtin_model import resolve_model_path
 
@@ -79,7 +79,7 @@ def export(run_dir: Path, source: Path, out: Path, tensor_parallel: int = 1,
     dtype = getattr(torch, meta.get("dtype", "float32"))
     _, model = build_module(hf_config, tensor_parallel, pipeline_parallel, dtype, use_te)
     checkpoint.load_weights(source, model)
-    checkpoint.save_hf(out, bridge.export_hf(model, hf_config), hf_path)
+    hf.export_hf(model, hf_config, lambda buckets: checkpoint.save_hf(out, buckets, hf_path))
     return meta
 
 

@@ -75,7 +75,7 @@ def check(name: str, snapshot: Path) -> tuple[Path, str]:
     if ASSETS[name].kind == "model":
         from transformers import AutoConfig, AutoTokenizer
 
-        from megatron_rlep.actor.bridge import family, unsupported
+        from megatron_rlep.actor.hf import family, unsupported
 
         config = AutoConfig.from_pretrained(snapshot)
         family(config)  # a family the actor cannot map stops here, naming it

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint as checkpoint_function
 
 from megatron_rlep import correction, platform
 from megatron_rlep import loss as objective
-from megatron_rlep.actor import attention, bridge, checkpoint, optim
+from megatron_rlep.actor import attention, checkpoint, hf, optim
 from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, collate_shared,
                                        dp_slice, idle, loss_positions, micro_batches,
                                        packed_tokens, prompt_groups, shared_micro_batches,
@@ -73,17 +73,17 @@ def build_module(hf_config, tensor_parallel: int, pipeline_parallel: int, dtype:
                  router_aux_loss: float = 0.0):
     """(TransformerConfig, this rank's GPTModel shard) for ``hf_config``, weights not loaded;
     the process group and Megatron's parallel state must be set up."""
-    config = bridge.transformer_config(hf_config, tensor_parallel, pipeline_parallel, dtype,
+    config = hf.transformer_config(hf_config, tensor_parallel, pipeline_parallel, dtype,
                                        cpu=not platform.has_cuda(), recompute=recompute,
                                        sequence_parallel=sequence_parallel,
                                        expert_parallel=expert_parallel,
                                        router_aux_loss=router_aux_loss,
                                        grouped_gemm=transformer_engine)
     spec = platform.layer_spec(transformer_engine=transformer_engine,
-                               **bridge.spec_options(hf_config))
+                               **hf.spec_options(hf_config))
     if not transformer_engine:
         spec = attention.with_sdpa(spec)
-    model = bridge.gpt_model(hf_config, config, spec).to(platform.device())
+    model = hf.gpt_model(hf_config, config, spec).to(platform.device())
     # one dtype throughout, as TE's layers make it: the local specs' torch norms ignore
     # params_dtype, and Megatron-Core's optimizers cannot checkpoint fp32 ones beside bf16
     for param in model.parameters():
@@ -133,9 +133,9 @@ class Actor:
             config, model = build_module(self.hf_config, tensor_parallel, pipeline_parallel,
                                          self.dtype, use_te, recompute, sequence_parallel,
                                          expert_parallel, router_aux_loss)
-        except bridge.ModelError as err:
+        except hf.ModelError as err:
             raise RunError(f"model.path={model_path}: {err}") from None
-        bridge.load_hf_weights(model, self.hf_config, bridge.SafetensorsReader(self.hf_path).get)
+        hf.load_hf_weights(model, self.hf_config, hf.SafetensorsReader(self.hf_path).get)
         self.share_prompts = share_prompts
         self.pack_sequences = pack_sequences
         self._positions = None  # a packed micro-batch's position ids, for the rotary embedding
@@ -487,9 +487,11 @@ class Actor:
 
     # ------------------------------------------------------------------ weights out and in
 
-    def export_hf(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The policy as full Hugging Face-named tensors, in bounded buckets, on every rank."""
-        return bridge.export_hf(self.module, self.hf_config, bucket_bytes)
+    def export_hf(self, consume=None, bucket_bytes: int = 256 << 20):
+        """``consume(buckets)``: the policy as full Hugging Face-named tensors, in bounded
+        buckets, on every rank; the export completes on this rank whatever ``consume`` reads
+        (``hf.export_hf``)."""
+        return hf.export_hf(self.module, self.hf_config, consume, bucket_bytes)
 
     def save(self, path, extra: dict | None = None):
         offloaded = self.offloaded  # the optimizer's state is saved from where it trains
@@ -510,7 +512,7 @@ class Actor:
         return extra
 
     def save_hf(self, path):
-        return checkpoint.save_hf(path, self.export_hf(), self.hf_path)
+        return self.export_hf(lambda buckets: checkpoint.save_hf(path, buckets, self.hf_path))
 
 
 def _break_cycles(model, config) -> None:

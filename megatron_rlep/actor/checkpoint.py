@@ -440,29 +440,25 @@ def human(size: float) -> str:
 
 
 def save_hf(path: str | Path, buckets, hf_path: str | Path) -> Path:
-    """Write the exported ``buckets`` as a Hugging Face checkpoint (safetensors shards plus the
-    source's config, tokenizer and chat template; the config's dtype is the weights', so a bf16
-    run from an fp32 checkpoint loads as bf16); every rank iterates, rank 0 writes."""
+    """Write the exported ``buckets`` (a consumer of ``hf.export_hf``) as a Hugging Face
+    checkpoint (safetensors shards plus the source's config, tokenizer and chat template; the
+    config's dtype is the weights', so a bf16 run from an fp32 checkpoint loads as bf16); rank 0
+    writes."""
     from safetensors.torch import save_file
 
     final = Path(path)
     partial = _prepare(final)
     writer = not dist.is_initialized() or dist.get_rank() == 0
 
-    def write():  # every rank iterates (the export is collective), rank 0 writes
-        weight_map, error, dtype = {}, None, None
+    def write():  # rank 0 writes; a failed write leaves the rest of the export to export_hf
+        weight_map, dtype = {}, None
         for n, bucket in enumerate(buckets):
             dtype = dtype or next((str(v.dtype).removeprefix("torch.") for _, v in bucket), None)
-            if writer and error is None:
+            if writer:
                 name = f"model-{n + 1:05d}.safetensors"
-                try:
-                    save_file({k: v.contiguous().cpu() for k, v in bucket}, str(partial / name),
-                              metadata={"format": "pt"})
-                except OSError as err:  # the export's collectives still need this rank
-                    error = err
+                save_file({k: v.contiguous().cpu() for k, v in bucket}, str(partial / name),
+                          metadata={"format": "pt"})
                 weight_map.update({k: name for k, _ in bucket})
-        if error is not None:
-            raise error
         if writer:
             (partial / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")

@@ -447,25 +447,24 @@ class RemoteStream(RolloutStream):
             return out
         return self._from_learner0(ask)
 
-    def weights(self, version: int, buckets) -> None:
-        """Learner 0 broadcasts the buckets to the rollout ranks; every learner runs the whole
-        export (its collectives), and a broken bridge stops them all in one sentence."""
-        def broadcast():
-            if not self.failed:
-                try:
-                    for engine in self.engine_ranks:
-                        self.bridge.send(engine[0], m.Weights(version))
-                    self.bridge.broadcast_buckets(buckets)
-                except RuntimeError as err:
-                    self.failed = gone(0, err)
-            for _ in buckets:  # what is left of the export, for its collectives
-                pass
+    def weights(self, version: int, export) -> None:
+        """Learner 0 broadcasts the export's buckets to the rollout ranks (``export(consume)``,
+        ``Actor.export_hf``: every learner runs the whole export, its collectives); a broken
+        bridge stops them all in one sentence."""
+        def broadcast(buckets):
+            try:
+                for engine in self.engine_ranks:
+                    self.bridge.send(engine[0], m.Weights(version))
+                self.bridge.broadcast_buckets(buckets)
+            except RuntimeError as err:
+                self.failed = gone(0, err)
+
+        export(broadcast if self.bridge is not None and not self.failed else None)
+
+        def verdict():
             if self.failed:
                 raise RolloutRankError(self.failed)
-        if self.bridge is None:
-            for _ in buckets:
-                pass
-        self._from_learner0(broadcast)
+        self._from_learner0(verdict)
 
     def stop(self) -> None:
         """The rollout ranks told to stop, and their goodbyes awaited (a few seconds at most),

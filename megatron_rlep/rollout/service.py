@@ -24,12 +24,12 @@ class LocalRollout:
         if self.engine is not None:
             self.engine.sleep()  # a colocated engine frees its memory for the update
 
-    def load_weights(self, version: int, buckets) -> None:
-        if self.engine is not None:
-            self.engine.load_weights(buckets, keep_cache=self.rollout.partial_kv == "keep")
-        else:
-            for _ in buckets:  # the collectives of the export still need this rank
-                pass
+    def load_weights(self, version: int, export) -> None:
+        """``export(consume)`` runs the actor's export (``Actor.export_hf``): its buckets into
+        this rank's engine, or only its collectives on a rank without one."""
+        keep = self.rollout.partial_kv == "keep"
+        export(None if self.engine is None else
+               lambda buckets: self.engine.load_weights(buckets, keep_cache=keep))
 
     def probe(self, ids):
         """The engine's log-probs of ``ids`` at temperature 1 (None without an engine)."""
@@ -62,8 +62,8 @@ class RemoteRollout:
     def before_update(self) -> None:
         """Nothing: the rollout ranks' engines have GPUs of their own."""
 
-    def load_weights(self, version: int, buckets) -> None:
-        self.stream.weights(version, buckets)
+    def load_weights(self, version: int, export) -> None:
+        self.stream.weights(version, export)
 
     def probe(self, ids):
         return self.stream.probe(ids)

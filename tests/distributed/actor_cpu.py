@@ -5,7 +5,7 @@
     actor_cpu.py load MODEL_DIR OUT...        # at TP=1 PP=1: load each OUT/ckpt, compare
     actor_cpu.py offload MODEL_DIR            # two updates with the buffers offloaded between
     actor_cpu.py resume MODEL_DIR OUT         # the distributed optimizer: update, save, resume
-    actor_cpu.py export MODEL_DIR TP EP OUT   # the export's layer order and its extra memory
+    actor_cpu.py export MODEL_DIR TP EP OUT   # the export's order, its memory, a failed consumer
 
 Commands chain with ``+`` and run one after another in one process (one process group, with
 Megatron's parallel state rebuilt for each actor), so the imports are paid once:
@@ -153,7 +153,7 @@ def step(model_dir, tp, pp, out, ep=1, mode="full"):
     source = {}
     for f in Path(model_dir).glob("*.safetensors"):
         source.update(load_file(f))
-    exported = {k: v for bucket in actor.export_hf(bucket_bytes=1 << 14) for k, v in bucket}
+    exported = {k: v for bucket in actor.export_hf(list, 1 << 14) for k, v in bucket}
     assert exported.keys() == source.keys(), exported.keys() ^ source.keys()
     for k in source:
         assert torch.equal(exported[k], source[k]), f"{k} changed in the round trip"
@@ -166,7 +166,7 @@ def step(model_dir, tp, pp, out, ep=1, mode="full"):
              for lp, old, adv in zip(expected, batch.old_logp, batch.advantages)]
     whole = sum(pairs) / sum(len(lp) for lp in expected)
     assert abs(metrics["loss"] - whole.item()) < 1e-5, (metrics["loss"], whole.item())
-    weights = {k: v.contiguous() for bucket in actor.export_hf() for k, v in bucket}
+    weights = {k: v.contiguous() for bucket in actor.export_hf(list) for k, v in bucket}
     logits = actor.logits(torch.tensor(batch.tokens[1])[None])
     actor.save(out / "ckpt", extra={"note": "step test"})
     actor.save_weights(out / "best", 1, {"val/acc": 0.5})  # weights only, as the trainer's best
@@ -291,7 +291,7 @@ def offload(model_dir):
         actor.train_step(batch)
         assert not actor.offloaded and all(b.grad_data.untyped_storage().size() > 0
                                            for b in actor.model.buffers)
-        weights[offloaded] = {k: v.clone() for bucket in actor.export_hf() for k, v in bucket}
+        weights[offloaded] = {k: v.clone() for bucket in actor.export_hf(list) for k, v in bucket}
     for k, v in weights[False].items():
         assert torch.equal(v, weights[True][k]), f"{k} differs after an offloaded update"
     print("OK offload")
@@ -308,7 +308,7 @@ def resume(model_dir, out):
     out, batch = Path(out), fixed_batch(lambda b: reference_logp(model_dir, b)[0])
 
     def weights(actor):
-        return {k: v.clone().contiguous() for bucket in actor.export_hf() for k, v in bucket}
+        return {k: v.clone().contiguous() for bucket in actor.export_hf(list) for k, v in bucket}
 
     actor = Actor(model_dir, algorithm(), 1, 1, micro_batch_size=3, distributed_optimizer=True)
     kinds = [type(o).__name__ for o in actor.optimizer.chained_optimizers]
@@ -348,26 +348,48 @@ def export(model_dir, tp, ep, out):
 
     actor = Actor(model_dir, algorithm(), tp, 1, micro_batch_size=3, expert_parallel=ep,
                   sequence_parallel=tp > 1)
-    order = [layer_of(k) for bucket in actor.export_hf(bucket_bytes=1) for k, _ in bucket]
+    order = [layer_of(k) for bucket in actor.export_hf(list, 1) for k, _ in bucket]
     expected = Counter(layer for layer in order if layer is not None)
     params = {p.untyped_storage().data_ptr() for p in actor.module.parameters()}
     held, arrived, extra, alive, peak = {}, Counter(), Counter(), [], 0
-    for bucket in actor.export_hf(bucket_bytes=1):
-        for name, tensor in bucket:
-            layer = layer_of(name)
-            if layer is None:
-                continue
-            if tensor.untyped_storage().data_ptr() not in params:
-                nbytes = tensor.numel() * tensor.element_size()
-                extra[layer] += nbytes
-                alive.append((weakref.ref(tensor), nbytes))
-            held.setdefault(layer, []).append(tensor)
-            arrived[layer] += 1
-            peak = max(peak, sum(n for ref, n in alive if ref() is not None))
-            if arrived[layer] == expected[layer]:
-                del held[layer]  # the layer is whole: loaded, its tensors freed
-        del bucket, name, tensor
-    if not dist.is_initialized() or dist.get_rank() == 0:
+
+    def consume(buckets):
+        nonlocal peak
+        for bucket in buckets:
+            for name, tensor in bucket:
+                layer = layer_of(name)
+                if layer is None:
+                    continue
+                if tensor.untyped_storage().data_ptr() not in params:
+                    nbytes = tensor.numel() * tensor.element_size()
+                    extra[layer] += nbytes
+                    alive.append((weakref.ref(tensor), nbytes))
+                held.setdefault(layer, []).append(tensor)
+                arrived[layer] += 1
+                peak = max(peak, sum(n for ref, n in alive if ref() is not None))
+                if arrived[layer] == expected[layer]:
+                    del held[layer]  # the layer is whole: loaded, its tensors freed
+            del bucket, name, tensor
+    actor.export_hf(consume, 1)
+
+    # A consumer that fails after one bucket on rank 0, none on the others: the export still
+    # completes its collectives on every rank, so the all-reduce below meets its peers' (were
+    # the export left undrained, it would meet the export's next all-gather or broadcast).
+    first = not dist.is_initialized() or dist.get_rank() == 0
+
+    def fail_after_one(buckets):
+        next(buckets)
+        raise OSError("no space left on device")
+    try:
+        actor.export_hf(fail_after_one if first else None, 1)
+        assert not first, "the consumer's error was lost"
+    except OSError:
+        assert first
+    if dist.is_initialized():
+        ranks = torch.ones(1)
+        dist.all_reduce(ranks)
+        assert ranks.item() == dist.get_world_size()
+    if first:
         Path(out).write_text(json.dumps({"order": order, "layer_bytes": extra, "peak": peak,
                                          "held_at_end": len(held)}))
         print(f"OK export tp={tp} ep={ep} peak={peak}")
@@ -385,7 +407,7 @@ def load(model_dir, outs):
         extra = actor.load(out / "ckpt")
         assert actor.step == 1 and extra == {"note": "step test"}, (actor.step, extra)
         weights = load_file(out / "weights.safetensors")
-        loaded = {k: v for bucket in actor.export_hf() for k, v in bucket}
+        loaded = {k: v for bucket in actor.export_hf(list) for k, v in bucket}
         assert loaded.keys() == weights.keys()
         for k in weights:
             assert torch.equal(loaded[k], weights[k]), f"{k} differs after loading {out}"

@@ -17,8 +17,8 @@ parameter of the whole model in a fixed order, layer by layer (a layer's experts
 expert-parallel rank, right after its dense weights, so a consumer that keeps a layer's tensors
 until the layer is whole, as vLLM's layer-wise reload does, holds one layer at a time), gathers
 TP shards on the owning pipeline stage, converts to Hugging Face tensors and broadcasts them
-over the pipeline group, yielding bounded buckets of ``(name, tensor)`` on every rank. It never
-writes to disk.
+over the pipeline group, handing bounded buckets of ``(name, tensor)`` to a consumer on every
+rank, and completes its collectives whatever the consumer does. It never writes to disk.
 
 This module knows nothing of RL, rollouts or optimisers.
 """
@@ -29,7 +29,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -153,7 +153,7 @@ def family(hf_config) -> dict:
     kind = getattr(hf_config, "model_type", None)
     if kind not in FAMILIES:
         raise ModelError(f"model type {kind!r} is not supported (supported: "
-                         f"{', '.join(sorted(FAMILIES))}); add a table to megatron_rlep/actor/bridge.py")
+                         f"{', '.join(sorted(FAMILIES))}); add a table to megatron_rlep/actor/hf.py")
     return FAMILIES[kind]
 
 
@@ -343,7 +343,7 @@ def _rule(table: dict, global_name: str):
         key = key.replace(expert.group(0), ".local_experts.{e}.", 1)
     if key not in table:
         raise ModelError(f"Megatron-Core parameter {global_name} has no entry in the conversion "
-                         "table; extend the family's table in megatron_rlep/actor/bridge.py")
+                         "table; extend the family's table in megatron_rlep/actor/hf.py")
     rule = table[key]
     fill = {"{i}": layer.group(1) if layer else "", "{e}": expert.group(1) if expert else ""}
     return type(rule)(*(re.sub(r"\{[ie]\}", lambda m: fill[m.group(0)], n) for n in rule.names()))
@@ -391,7 +391,7 @@ class SafetensorsReader:
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise ModelError(f"the checkpoint has no tensor {name}; is it a checkpoint of a "
-                             f"family in megatron_rlep/actor/bridge.py ({', '.join(FAMILIES)})?")
+                             f"family in megatron_rlep/actor/hf.py ({', '.join(FAMILIES)})?")
         return self._where[name].get_tensor(name)
 
 
@@ -470,10 +470,22 @@ def _layer_position(global_name: str) -> float:
 
 
 @torch.no_grad()
-def export_hf(model, hf_config, bucket_bytes: int = 256 << 20
-              ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Yield the whole model as Hugging Face ``(name, tensor)`` pairs in buckets of at most
-    ``bucket_bytes`` (a single larger tensor is a bucket of its own), on every rank."""
+def export_hf(model, hf_config, consume: Callable[[Iterator], Any] | None = None,
+              bucket_bytes: int = 256 << 20) -> Any:
+    """Run the whole export on this rank and return ``consume(buckets)``: the model as Hugging
+    Face ``(name, tensor)`` pairs in buckets of at most ``bucket_bytes`` (a single larger tensor
+    is a bucket of its own). What ``consume`` leaves of the export (it stopped early or failed;
+    None: a rank that only takes part) runs after it, so every rank's collectives complete
+    whatever its consumer did, and no caller drains the export."""
+    buckets = _buckets(model, hf_config, bucket_bytes)
+    try:
+        return consume(buckets) if consume is not None else None
+    finally:
+        for _ in buckets:
+            pass
+
+
+def _buckets(model, hf_config, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     from megatron.core import parallel_state
 
     table = family(hf_config)

@@ -1,9 +1,9 @@
-"""What the bridge refuses: one sentence naming the config field (no model is built)."""
+"""What the Hugging Face <-> Megatron-Core conversion refuses: one sentence naming the config field (no model is built)."""
 
 import pytest
 import transformers as tf
 
-from megatron_rlep.actor import bridge
+from megatron_rlep.actor import hf
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=2, num_key_value_heads=2)
@@ -23,8 +23,8 @@ def moe(**extra):
 def test_supported_configs_pass():
     for config in (tf.LlamaConfig(**SMALL), llama3(), tf.Qwen2Config(**SMALL),
                    tf.Qwen3Config(**SMALL), moe()):
-        assert bridge.unsupported(config) is None, config.model_type
-    assert bridge.unsupported(moe(), expert_parallel=4) is None
+        assert hf.unsupported(config) is None, config.model_type
+    assert hf.unsupported(moe(), expert_parallel=4) is None
 
 
 @pytest.mark.parametrize("config, ep, says", [
@@ -39,27 +39,27 @@ def test_supported_configs_pass():
     (tf.Qwen3Config(**SMALL), 2, "parallel.expert_parallel=2 needs a mixture-of-experts model"),
 ])
 def test_unsupported_configs_name_their_field(config, ep, says):
-    assert bridge.unsupported(config, expert_parallel=ep).startswith(says)
+    assert hf.unsupported(config, expert_parallel=ep).startswith(says)
 
 
 def test_an_unknown_family_and_moe_without_sequence_parallelism_stop_in_one_sentence():
     import torch
 
-    with pytest.raises(bridge.ModelError, match=r"model type 'gemma' is not supported \(supported: "
+    with pytest.raises(hf.ModelError, match=r"model type 'gemma' is not supported \(supported: "
                                                  r"llama, qwen2, qwen3, qwen3_moe\)"):
-        bridge.family(tf.GemmaConfig(**SMALL))
-    with pytest.raises(bridge.ModelError, match="needs parallel.sequence_parallel=true"):
-        bridge.transformer_config(moe(), 2, 1, torch.float32, cpu=True)
+        hf.family(tf.GemmaConfig(**SMALL))
+    with pytest.raises(hf.ModelError, match="needs parallel.sequence_parallel=true"):
+        hf.transformer_config(moe(), 2, 1, torch.float32, cpu=True)
 
 
 def test_grouped_gemm_expert_names_map_to_the_sequential_table():
     """Transformer Engine's TEGroupedMLP holds a rank's experts as ``linear_fc1.weight<k>`` (one
-    weight per GEMM); the bridge aliases them to SequentialMLP's ``local_experts.<k>`` and then
+    weight per GEMM); the conversion aliases them to SequentialMLP's ``local_experts.<k>`` and then
     to the global expert, so the one Qwen3-MoE table loads and exports both (a GPU checks the
     real module: scripts/gpu_smoke.py's MoE parity)."""
     from types import SimpleNamespace
 
-    from megatron_rlep.actor.bridge import QWEN3_MOE, _global_name, _rule
+    from megatron_rlep.actor.hf import QWEN3_MOE, _global_name, _rule
 
     layer = SimpleNamespace(layer_number=3, mlp=SimpleNamespace(local_expert_indices=[4, 5, 6, 7]))
     model = SimpleNamespace(decoder=SimpleNamespace(layers=[layer]))  # EP rank 1 of 2, 8 experts
