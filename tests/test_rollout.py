@@ -266,6 +266,39 @@ def test_vllm_start_up_memory_rule():
                        "a layout)")
 
 
+def test_vllm_cpu_shared_memory_is_named_per_launch_and_stale_files_go(monkeypatch, tmp_path):
+    """Two starts of a TP-2 CPU engine with the same ranks on one node (a requeued job after one
+    killed with its /dev/shm files left) once collided ("create shm in SHMManager failed. errno:
+    17"): each launch names its files after its launcher, and files of a launcher gone are
+    removed, those of a live one kept."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.device_communicators import cpu_communicator
+    from megatron_rlep.rollout.vllm_engine import name_cpu_shm, remove_cpu_shm
+
+    monkeypatch.setattr(cpu_communicator._CPUSHMDistributed, "make_group_name",
+                        cpu_communicator._CPUSHMDistributed.make_group_name)
+    monkeypatch.setenv("VLLM_DIST_IDENT", "//")  # what vLLM sets under torchrun ("env://")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    gone = 2**22 + 1  # above the kernel's largest pid: no such process
+    stale = tmp_path / f"rlep{gone}.0-tp:0-[0-1]-cpushm_0"
+    live = tmp_path / f"rlep{os.getpid()}.0-tp:0-[0-1]-cpushm_0"
+    foreign = tmp_path / "-tp:0-[0-1]-cpushm_0"  # not ours to judge
+    for f in (stale, live, foreign):
+        f.write_bytes(b"")
+    name_cpu_shm(tmp_path)
+    name_cpu_shm(tmp_path)  # once per process
+    assert not stale.exists() and live.exists() and foreign.exists()
+    group = SimpleNamespace(unique_name="tp:0", ranks=[0, 1])
+    name = cpu_communicator._CPUSHMDistributed.make_group_name(group)
+    assert name == f"rlep{os.getppid()}.1-tp:0-[0-1]-cpushm", name
+    mine = tmp_path / f"{name}_0"
+    mine.write_bytes(b"")
+    remove_cpu_shm(tmp_path)  # at the engine's close
+    assert not mine.exists() and live.exists() and foreign.exists()
+
+
 def test_local_rank_where_torchrun_did_not_set_it():
     from megatron_rlep.rollout.vllm_engine import local_rank
 

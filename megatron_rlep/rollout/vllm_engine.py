@@ -40,6 +40,7 @@ import logging
 import os
 import threading
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -69,6 +70,34 @@ def configure_cpu_backend(kv_cache_gib: float, compile: bool = False) -> None:
     torch._dynamo.config.disable = True
     if compile:
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    name_cpu_shm()
+
+
+def name_cpu_shm(shm_dir: Path = Path("/dev/shm")) -> None:
+    """vLLM's CPU engines of tensor parallelism > 1 share memory through files in /dev/shm named
+    after the group's ranks only (under torchrun): a second engine with the same ranks on a node,
+    another job's or the restart of one killed with its files left, fails with "create shm in
+    SHMManager failed. errno: 17". The names start with this node's launcher pid and restart
+    count (the same for an engine's ranks, another for every start), and files whose launcher is
+    gone are removed."""
+    try:
+        from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+    except ImportError:  # a vLLM without it names its files its own way
+        return
+    if getattr(_CPUSHMDistributed.make_group_name, "tag", None):
+        return
+    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+    tag = f"rlep{launcher}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    for stale in shm_dir.glob("rlep*-cpushm*"):
+        pid = stale.name[len("rlep"):].split(".", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            stale.unlink(missing_ok=True)
+    original = _CPUSHMDistributed.make_group_name
+
+    def make_group_name(communicator) -> str:  # under torchrun vLLM's own name starts "//"
+        return tag + original(communicator).lstrip("/")
+    make_group_name.tag = tag
+    _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
 
 
 def rotary_reload_note(record: logging.LogRecord) -> bool:
@@ -274,3 +303,16 @@ class VllmEngine:
         client = getattr(self.llm.llm_engine, "engine_core", None)
         if client is not None:
             client.shutdown()
+        remove_cpu_shm()
+
+
+def remove_cpu_shm(shm_dir: Path = Path("/dev/shm")) -> None:
+    """This launcher's shared-memory files (``name_cpu_shm``), removed at an engine's close: a
+    rollout rank ends with ``os._exit``, which skips vLLM's own clean-up."""
+    try:
+        from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+    except ImportError:
+        return
+    tag = getattr(_CPUSHMDistributed.make_group_name, "tag", None)
+    for mine in shm_dir.glob(f"{tag}-*cpushm*") if tag else ():
+        mine.unlink(missing_ok=True)
