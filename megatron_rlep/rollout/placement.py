@@ -132,11 +132,13 @@ class Bridge:
         self.inbox: dict[int, queue.Queue] = {}
         self.heard: dict[int, float] = {}
         self.closed = threading.Event()
+        self.threads = [threading.Thread(target=self._beat, daemon=True, name="bridge-heartbeat")]
         for peer in self.peers():  # gloo's receive completes only in wait(): a thread a peer
             self.inbox[peer], self.heard[peer] = queue.Queue(), time.monotonic()
-            threading.Thread(target=self._read, args=(peer,), daemon=True,
-                             name=f"bridge-from-{peer}").start()
-        threading.Thread(target=self._beat, daemon=True, name="bridge-heartbeat").start()
+            self.threads.append(threading.Thread(target=self._read, args=(peer,), daemon=True,
+                                                 name=f"bridge-from-{peer}"))
+        for thread in self.threads:
+            thread.start()
 
     def peers(self) -> list[int]:
         return list(range(1, self.size)) if self.rank == 0 else [0]
@@ -196,9 +198,14 @@ class Bridge:
             self.messages.send([torch.tensor([len(data)], dtype=torch.int64)], peer, SIZE).wait()
             self.messages.send([data], peer, DATA).wait()
 
-    def close(self) -> None:
-        """No more heartbeats (after the last message); the links end with the process."""
+    def close(self, wait_s: float = 30.0) -> None:
+        """No more heartbeats (after the last message), and the threads awaited (up to
+        ``wait_s``) until every peer has closed its end: a thread still in a gloo receive when
+        the process exits aborts it ("terminate called without an active exception")."""
         self.closed.set()
+        deadline = time.monotonic() + wait_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def ready(self, peer: int) -> bool:
         """Whether a message from ``peer`` is waiting; TimeoutError if it went silent."""
@@ -600,7 +607,7 @@ class RolloutRank:
             if isinstance(message, m.Stop):
                 self.engine.close()  # now, not when a sweep's later job collects it
                 self.say(m.Stopped())
-                self.bridge.close()
+                self.bridge.close(wait_s=0)  # the process ends at once (train.main)
                 return
             if message is None:
                 self.sample()
