@@ -25,7 +25,11 @@ if [ -f "$VENV/bin/activate" ]; then
     source "$VENV/bin/activate"
 fi
 
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# the first node's address as Slurm reaches it (NodeAddr, which is its name unless slurm.conf
+# gives another)
+FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show node "$FIRST_NODE" -o 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 || true)
+MASTER_ADDR=${MASTER_ADDR:-$FIRST_NODE}
 if [ -z "${MASTER_PORT:-}" ]; then
     # from the job's id; this script runs on the first node, the rendezvous host, so a port some
     # other program listens on there is skipped (torchrun would otherwise join that program's

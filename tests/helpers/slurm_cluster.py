@@ -55,10 +55,14 @@ def _daemon(name: str) -> str:
 
 
 class Cluster:
-    def __init__(self, root: Path, cpus: int | None = None):
+    """``nodes`` > 1: that many nodes on this one host (node1, node2, ...), each a slurmd of its
+    own with its own port and spool, each with all of this host's CPUs."""
+
+    def __init__(self, root: Path, cpus: int | None = None, nodes: int = 1):
         self.root = Path(root)
         self.cpus = cpus or os.cpu_count() or 1
         self.host = socket.gethostname().split(".")[0]
+        self.nodes = [self.host] if nodes == 1 else [f"node{i + 1}" for i in range(nodes)]
         self.conf = self.root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
 
@@ -78,6 +82,16 @@ class Cluster:
         # MinJobAge: finished jobs stay queryable for a day (the rehearsal asks for its first
         # job's state after its last ends, 15 minutes later on a loaded machine)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20
+        many = len(self.nodes) > 1
+        if not many:
+            nodes = f"NodeName={self.host} CPUs={self.cpus} RealMemory={memory} State=UNKNOWN"
+        else:  # the same host, a port and a spool each
+            memory //= len(self.nodes)
+            nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 "
+                               f"Port={_free_port()} CPUs={self.cpus} RealMemory={memory} "
+                               "State=UNKNOWN" for n in self.nodes)
+            for n in self.nodes:
+                (r / "spool" / n).mkdir(parents=True, exist_ok=True)
         self.conf.write_text(f"""\
 ClusterName=rlep-test
 SlurmctldHost={self.host}
@@ -89,11 +103,11 @@ AuthType=auth/munge
 AuthInfo=socket={r / 'munge' / 'munge.socket'},cred_expire=10
 CredType=cred/munge
 StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool'}
+SlurmdSpoolDir={r / 'spool'}{'/%n' if many else ''}
 SlurmctldPidFile={r / 'slurmctld.pid'}
-SlurmdPidFile={r / 'slurmd.pid'}
+SlurmdPidFile={r / 'slurmd'}{'-%n' if many else ''}.pid
 SlurmctldLogFile={r / 'log' / 'slurmctld.log'}
-SlurmdLogFile={r / 'log' / 'slurmd.log'}
+SlurmdLogFile={r / 'log' / 'slurmd'}{'-%n' if many else ''}.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -109,8 +123,8 @@ InactiveLimit=0
 MinJobAge=86400
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName={self.host} CPUs={self.cpus} RealMemory={memory} State=UNKNOWN
-PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{nodes}
+PartitionName=test Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
 
     def start(self, timeout: float = 60) -> "Cluster":
@@ -122,16 +136,21 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
                         f"--pid-file={r / 'munge' / 'munged.pid'}",
                         f"--seed-file={r / 'munge' / 'munged.seed'}"], check=True,
                        capture_output=True)
-        for daemon in ("slurmctld", "slurmd"):
+        daemons = [("slurmctld", ["-i"])] + [
+            ("slurmd", [] if len(self.nodes) == 1 else ["-N", n]) for n in self.nodes]
+        for daemon, extra in daemons:
+            name = "-".join([daemon, *extra[1:]])
             self.procs.append(subprocess.Popen(
-                [_daemon(daemon), "-D", "-f", str(self.conf)] + (["-i"] if daemon == "slurmctld" else []),
-                env=self.env(), stdout=open(r / "log" / f"{daemon}.out", "w"),
+                [_daemon(daemon), "-D", "-f", str(self.conf), *extra],
+                env=self.env(), stdout=open(r / "log" / f"{name}.out", "w"),
                 stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.time() + scaled(timeout)
         while time.time() < deadline:
             state = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env(),
                                    capture_output=True, text=True)
-            if state.returncode == 0 and state.stdout.strip() in ("idle", "mixed", "allocated"):
+            states = state.stdout.split()
+            if state.returncode == 0 and len(states) == len(self.nodes) and all(
+                    s in ("idle", "mixed", "allocated") for s in states):
                 return self
             if any(p.poll() is not None for p in self.procs):
                 break

@@ -4,9 +4,13 @@ set) is written as it starts.
 
 * tests/test_slurm.py: a training rank's first update in a job's first restart
   (``SLOW_WHEN=restart``, ``SLOW_METHOD=update``), longer than torchrun's 30-second grace;
-* tests/test_async_rollout.py: learner 0's first checkpoint save (``SLOW_WHEN=learner0``,
-  ``SLOW_METHOD=save``), a learner silent towards the rollout ranks for longer than the bridge's
-  timeout."""
+* tests/test_slurm.py's cluster rehearsal: learner 0's first checkpoint save
+  (``SLOW_WHEN=learner0``, ``SLOW_METHOD=save``), a learner silent towards the rollout ranks for
+  longer than the bridge's timeout.
+
+And a late start: the ranks torchrun started as the ranks in ``LATE_RANKS`` ("0,1") sleep
+``LATE_SECONDS`` before anything else (tests/test_slurm.py: learners later than the rollout
+ranks)."""
 
 import functools
 import os
@@ -38,6 +42,10 @@ def _patch_trainer() -> None:
     setattr(trainer, name, slowed)
 
 
+if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK") in \
+        os.environ.get("LATE_RANKS", "").split(","):
+    print(f"test: rank {os.environ['RANK']} starts {os.environ['LATE_SECONDS']} s late", flush=True)
+    time.sleep(float(os.environ["LATE_SECONDS"]))
 WHEN = {"restart": os.environ.get("SLURM_RESTART_COUNT") == "1" and "RANK" in os.environ,
         "learner0": os.environ.get("RANK") == "0"}
 if WHEN.get(os.environ.get("SLOW_WHEN", "")) and "SLOW_SECONDS" in os.environ:
