@@ -119,13 +119,13 @@ def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_
     assert rollout.receive(0, None) == messages.Work([(3, (1, 2), 2)])
     rollout.send(0, messages.Landed([]))
     assert isinstance(learner.receive(1, 10), messages.Landed)
-    learner.close()  # its heartbeats stop: as a learner whose node stalls
+    learner.close(wait_s=0)  # its heartbeats stop: as a learner whose node stalls
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"timed out: bridge rank 0 not heard from in \d+ s "
                                            r"\(rollout.timeout_s=2\)"):
         rollout.receive(0, None)
     assert time.monotonic() - start < 2.0 + 1.5
-    rollout.close()
+    rollout.close(wait_s=0)  # both ends in this one process: neither closes its links
 
 
 def test_a_bridge_rank_that_never_comes_is_said_within_the_start_up_deadline(job_store, capsys):
