@@ -1,4 +1,4 @@
-"""Verdicts outside the candidate (megatron_rlep/reward/judge.py, candidate_host.py, plain.py):
+"""Verdicts outside the candidate (megatron_rlep/reward/sandbox/: judge.py, candidate_host.py, plain.py):
 the reward hacks a policy could learn, tried in every test format against the real sandboxes,
 and the plain-data channel's codec on its own. A hack must earn nothing, in any format."""
 
@@ -12,7 +12,7 @@ from fractions import Fraction
 import pytest
 from load import one_busy_cpu
 
-from megatron_rlep.reward import plain
+from megatron_rlep.reward.sandbox import plain
 from megatron_rlep.reward.code import CodeChecker, census, needs_candidate_process, parse_tests
 from megatron_rlep.reward.sandbox import Limits
 from megatron_rlep.example import Example

@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from megatron_rlep.reward import plain
-from megatron_rlep.reward.sandbox import Limits, Sandbox, Session
+from megatron_rlep.reward import sandbox
+from megatron_rlep.reward.sandbox import Limits, Sandbox, Session, plain
 from megatron_rlep.reward.sources import source_kind
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
@@ -168,7 +168,8 @@ JUDGED = ("assert", "check", "pytest")  # the formats whose tests run in the jud
 
 @cache
 def _source(name: str) -> str:
-    return (Path(__file__).with_name(name)).read_text()
+    """A file of the sandbox package, sent into a sandbox as a program's own file."""
+    return (Path(sandbox.__file__).with_name(name)).read_text()
 
 
 def _candidate_files(program: str) -> dict:

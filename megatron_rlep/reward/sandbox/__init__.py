@@ -16,6 +16,12 @@ each is enforced by the kernel. ``Sandbox.probe()`` runs one trivial program and
 line saying which isolation is in force on this node; ``require=True`` (the default) makes a
 sandbox that cannot isolate fail every run as an infrastructure failure rather than run code
 unconfined.
+
+The package is the sandbox and what runs inside one: this module (the parent's side),
+``sandbox_init.py`` (the layers, in the child), and the programs the code reward
+(``reward/code.py``) sends in beside an answer: ``candidate_host.py`` (the answer as a module),
+``judge.py`` and ``judge_pytest.py`` (its tests, outside it) and ``plain.py`` (the plain-data
+channel between them, also used here).
 """
 
 from __future__ import annotations
