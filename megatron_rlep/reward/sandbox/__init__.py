@@ -42,8 +42,8 @@ from pathlib import Path
 RUNNER = Path(__file__).with_name("sandbox_init.py")
 INFRA_EXIT, TIMEOUT_EXIT = 125, 124
 LINE_LIMIT = 64 << 20  # a Session's longest line: a call's arguments or result (10^6 numbers)
-# a program's wall clock counts the time it runs or sleeps, not the time it waits for a CPU on
-# a busy node; whatever the load, it ends at WALL_FACTOR times its wall clock
+# a program's wall clock counts the time it runs or sleeps, not the time its one process waits
+# for a CPU on a busy node; whatever the load, it ends at WALL_FACTOR times its wall clock
 WALL_FACTOR = 10
 
 
@@ -52,7 +52,7 @@ class Limits:
     wall_s: float = 10.0  # the program's wall clock (time waiting for a CPU not counted)
     cpu_s: int = 10  # its CPU seconds (RLIMIT_CPU)
     memory_mb: int = 1024  # its address space (RLIMIT_AS)
-    nproc: int = 32  # processes of its user (RLIMIT_NPROC; counted inside its user namespace)
+    nproc: int = 32  # its processes, init's included (RLIMIT_NPROC; for root a pids cgroup)
     fsize_mb: int = 16  # the largest file it may write (RLIMIT_FSIZE)
     tmpfs_mb: int = 64  # its whole work directory
     output_bytes: int = 1 << 20  # stdout and stderr each; more kills the program
@@ -160,7 +160,14 @@ class Sandbox:
             pass  # it did not read its input
         flooded = False
         while selector.get_map() and time.monotonic() < deadline:
-            for key, _ in selector.select(timeout=0.2):
+            # the runner gone, what is in the pipes is all there is: processes of the program
+            # being killed still hold their ends, and at the lowest priority on a busy machine
+            # they may take seconds to exit
+            over = proc.poll() is not None
+            ready = selector.select(timeout=0 if over else 0.2)
+            if over and not ready:
+                break
+            for key, _ in ready:
                 block = os.read(key.fd, 65536)
                 if not block:
                     selector.unregister(key.fileobj)
@@ -213,7 +220,12 @@ class Session:
         while b"\n" not in self.pending:
             if self.ended or self.flooded or time.monotonic() >= deadline:
                 return None
-            for key, _ in self.selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            over = self.proc.poll() is not None  # then the pipes hold all there is (run)
+            ready = self.selector.select(timeout=0 if over else
+                                         min(0.2, max(0.0, deadline - time.monotonic())))
+            if over and not ready:
+                self.ended = True
+            for key, _ in ready:
                 block = os.read(key.fd, 65536)
                 if key.fileobj is self.proc.stderr:
                     if not block:

@@ -2,6 +2,8 @@
 run as ``python -I -S sandbox_init.py CONFIG_JSON`` by ``sandbox.py``, never imported.
 
 Steps, each one the kernel enforces without root (where the kernel allows it):
+0. as root only, whom the kernel exempts from RLIMIT_NPROC: this process moves into a pids
+   cgroup of its own, capped at the sandbox's process limit, which all it starts inherits;
 1. new user, mount, PID, network, IPC and UTS namespaces (``unshare``): the program sees no
    network device but a loopback that is down, no process outside, and mounts of its own;
    this uid maps to 0 inside, so nothing gains privilege outside;
@@ -14,9 +16,10 @@ Steps, each one the kernel enforces without root (where the kernel allows it):
    no TCP bind or connect, and (ABI 6) no signals to processes outside the sandbox;
 4. init forks the program, waits for it and reaps orphans, and exits with its status (a
    signal's death as 128 + the signal); this process kills init (and with it the whole PID
-   namespace) once the program has run or slept ``wall_s`` seconds (time spent waiting for a
-   CPU on a busy machine does not count, so load changes no verdict), or at ``wall_max_s``
-   seconds of wall clock whatever the load.
+   namespace) once the program has run or slept ``wall_s`` seconds (time its one process spent
+   waiting for a CPU on a busy machine does not count, so load changes no verdict; once it has
+   processes of its own, every second counts), or at ``wall_max_s`` seconds of wall clock
+   whatever the load. The verdict does not wait for the killed processes to be reaped.
 A setup step that cannot be done where ``require`` asks for it exits 125 with one line on
 stderr (the harness counts that as an infrastructure failure, not a wrong answer); where it is
 not required and the kernel refuses it, the step is skipped and reported on stderr's first
@@ -161,22 +164,79 @@ def init(config: dict, isolated: list) -> None:
     os._exit(128 - status if status < 0 else status)
 
 
+def children(pid: str) -> list[str]:
+    """The processes ``pid`` started, from any of its threads."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listed:
+            found += listed.read().split()
+    return found
+
+
 def waited(init_pid: int) -> float:
     """Seconds the program has spent ready to run but waiting for a CPU (its main process's
-    run-queue delay, from /proc): on a busy machine, time that is not the program's. 0 where
-    the kernel does not report it."""
+    run-queue delay, from /proc): on a busy machine, time that is not the program's. 0 once it
+    has processes of its own (they, not the machine, may be what it waits for: a fork bomb
+    would stretch its own clock up to wall_max_s), and where the kernel does not report it."""
     try:
-        with open(f"/proc/{init_pid}/task/{init_pid}/children") as children:
-            program = children.read().split()[0]
-        with open(f"/proc/{program}/schedstat") as stats:
+        ours = children(str(init_pid))
+        if len(ours) != 1 or children(ours[0]):
+            return 0.0
+        with open(f"/proc/{ours[0]}/schedstat") as stats:
             return int(stats.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
 
 
+def pids_cgroup(nproc: int) -> tuple[str | None, str]:
+    """For root, whom the kernel exempts from RLIMIT_NPROC (a fork bomb run as root took every
+    PID of the machine, and the trainer's next fork failed): this process moves into a pids
+    cgroup of its own capped at ``nproc`` and itself (init counts, as for RLIMIT_NPROC), which
+    the sandbox inherits.
+    Empty ones left by earlier sandboxes are removed. Returns the group (or None) and what it
+    did, in a few words."""
+    if os.getuid() != 0:
+        return None, ""  # RLIMIT_NPROC caps the program
+    for line in open("/proc/self/cgroup"):
+        number, controllers, path = line.rstrip("\n").split(":", 2)
+        if "pids" in controllers.split(","):
+            base = "/sys/fs/cgroup/pids" + path
+        elif number == "0":
+            unified = "/sys/fs/cgroup/unified"
+            base = (unified if os.path.isdir(unified) else "/sys/fs/cgroup") + path
+        else:
+            continue
+        try:
+            for stale in os.listdir(base):
+                if stale.startswith("rlep-sandbox-"):
+                    try:
+                        os.rmdir(os.path.join(base, stale))
+                    except OSError:
+                        pass  # a sandbox's still
+            group = os.path.join(base, f"rlep-sandbox-{os.getpid()}")
+            os.mkdir(group)
+            write(os.path.join(group, "pids.max"), str(nproc + 1))
+            write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+            return group, f"{nproc} processes (a pids cgroup: root is exempt from RLIMIT_NPROC)"
+        except OSError:
+            continue
+    return None, "processes not capped (root, and no pids cgroup to make)"
+
+
+def leave(group: str | None) -> None:
+    """Out of the sandbox's pids cgroup, and the cgroup removed (its processes all gone)."""
+    if group:
+        try:
+            write(os.path.join(os.path.dirname(group), "cgroup.procs"), str(os.getpid()))
+            os.rmdir(group)
+        except OSError:
+            pass  # the next sandbox removes it
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
-    isolated = [n for n in [namespaces(config["require"])] if n]
+    group, capped = pids_cgroup(config["nproc"])
+    isolated = [n for n in [namespaces(config["require"]), capped] if n]
     init_pid = os.fork()
     if init_pid == 0:
         try:
@@ -194,12 +254,19 @@ def main() -> None:
         pid, raw = os.waitpid(init_pid, os.WNOHANG)
         if pid:
             code = os.waitstatus_to_exitcode(raw)
+            leave(group)
             os._exit(128 - code if code < 0 else code)
         elapsed = time.monotonic() - start
         if elapsed > config["wall_max_s"] or (
                 elapsed > config["wall_s"] and elapsed - waited(init_pid) > config["wall_s"]):
             stop()
-            os.waitpid(init_pid, 0)
+            # the namespace's processes are killed; at the lowest priority on a busy machine
+            # they may take seconds to exit (32 of them: 2.5 s), time no longer theirs to use:
+            # a moment for the usual case, then the verdict, init reaped by whoever
+            # inherits it
+            deadline = time.monotonic() + 0.2
+            while not os.waitpid(init_pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.005)
             os._exit(124)  # timeout's own status
         time.sleep(0.005)
 
