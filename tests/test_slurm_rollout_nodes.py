@@ -1,0 +1,128 @@
+"""The cluster rehearsal of the disaggregated placement on the test Slurm, with two nodes (two
+slurmd on this host): learners on one, a vLLM engine of tensor parallelism 2 (its CPU build) on
+the other, through late learners, a save longer than the bridge's timeout, validation, and a
+killed rollout rank. Apart from tests/test_slurm.py so that the suite's workers share the two
+files' minutes."""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from speed import scaled
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import slurm_cluster  # noqa: E402
+import tiny  # noqa: E402
+from test_slurm import REPO, WHY_NOT, overrides, steps_logged, submit  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    WHY_NOT is not None and not os.environ.get("CI"), reason=f"no Slurm here: {WHY_NOT}")]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout-nodes-assets")
+    return tiny.make_model(root / "model"), tiny.make_pool(root / "pool.parquet", 8, [1, 2], 1)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Two Slurm nodes on this host (a slurmd each): one to train, one for the rollout ranks."""
+    if WHY_NOT is not None:
+        pytest.fail(f"CI must run the Slurm tests, but {WHY_NOT}")
+    root = tmp_path_factory.mktemp("slurm2")
+    os.chmod(root, 0o700)
+    cluster = slurm_cluster.Cluster(root, nodes=2).start()
+    yield cluster
+    cluster.stop()
+
+
+def disaggregated(assets, steps, *extra):
+    """The rehearsal's job: on the second node two rollout ranks form one vLLM engine of tensor
+    parallelism 2; partial rollouts, N = 2, replays from the pool, the weight-sync check."""
+    engine = overrides(assets, steps, "data.train_size=16", "rollout.tensor_parallel=2",
+                       "algorithm.max_staleness=2", "rollout.partial=true",
+                       "rollout.segment_tokens=3", "rollout.extra_prompts=4",
+                       "rollout.check_sync=true", *extra)
+    return [a.replace("rollout.engine=transformers", "rollout.engine=vllm") for a in engine
+            if a != "data.train_size=8"]
+
+
+def rank_pid(cluster, rank: int) -> int | None:
+    """The process torchrun started as ``rank`` in this cluster's job."""
+    marker = f"SLURM_CONF={cluster.conf}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if marker in environ and f"RANK={rank}".encode() in environ and any(
+                e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ):
+            return int(entry.name)
+    return None
+
+
+def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_and_a_long_save(
+        two_nodes, assets, tmp_path):
+    """The cluster rehearsal: ROLLOUT_NODES=1 of sbatch -N 2, two learners on node1 and two
+    rollout ranks on node2 forming one vLLM engine of tensor parallelism 2. The learners start
+    65 s after the rollout ranks (more than the 60-s start-up floor the bridge once had: the
+    rollout ranks wait, as their log says), and learner 0's first checkpoint save lasts 65 s
+    longer (6.5x rollout.timeout_s: its heartbeats keep the bridge up). Both TP ranks load each
+    version with the same prompts in flight, the engine's weights match the actor's after every
+    load, tokens are at most two versions old, and validation runs through the rollout ranks."""
+    run_dir = tmp_path / "run"
+    env = {"PYTHONPATH": str(REPO / "tests" / "helpers" / "slow_trainer"), "ROLLOUT_NODES": "1",
+           "SLOW_SECONDS": "65", "SLOW_WHEN": "learner0", "SLOW_METHOD": "save",
+           "LATE_RANKS": "0,1", "LATE_SECONDS": "65"}
+    job, log = submit(two_nodes, "train.sbatch", run_dir, disaggregated(
+        assets, 4, "rollout.timeout_s=10", "logging.save_every=2", "logging.eval_every=2"),
+        nproc=2, sbatch=("-N", "2"), env=env)
+    state = two_nodes.wait(job)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-5000:]
+    assert "placement: disaggregated, the last 1 of 2 nodes (ranks 2-3) run the rollout " \
+           "engines, the other 1 train" in text
+    assert "test: rank 0 starts 65 s late" in text and "rollout rank 0: waiting up to 1800 s " \
+           "(rollout.connect_timeout_s)" in text
+    assert "test: the first Trainer.save lasts 65 s longer" in text
+    loads = {}
+    for rank, rest in re.findall(r"rollout rank (\d+): (weights of version .*?\])", text):
+        loads.setdefault(int(rank), []).append(rest)
+    assert sorted(loads) == [0, 1] and loads[0] == loads[1] and len(loads[0]) >= 4, loads
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "actor/loss" in r] == [1, 2, 3, 4], logged
+    for r in (r for r in logged if "actor/loss" in r):
+        assert r["sync/max_logprob_diff"] < 1e-3 and r["stale/lag_versions_max"] <= 2, r
+    assert [r["step"] for r in logged if r.get("val/acc") is not None] == [0, 2, 4], logged
+
+
+def test_a_rollout_rank_killed_mid_step_ends_the_job_in_one_sentence(two_nodes, assets,
+                                                                     tmp_path):
+    """The same layout, and the engine's second TP rank (which learner 0 never talks to)
+    killed during the run: its engine's reader finds it gone and tells learner 0, which ends
+    the job in one sentence well within rollout.timeout_s, with no hang."""
+    import time
+
+    run_dir = tmp_path / "dies"
+    job, log = submit(two_nodes, "train.sbatch", run_dir, disaggregated(
+        assets, 40, "rollout.timeout_s=300", "logging.save_every=0", "logging.eval_every=0"),
+        nproc=2, sbatch=("-N", "2"), env={"ROLLOUT_NODES": "1"})
+    deadline = time.time() + scaled(600)
+    while steps_logged(run_dir) == [] and time.time() < deadline:
+        assert two_nodes.job_state(job) in ("PENDING", "RUNNING"), log.read_text()[-3000:]
+        time.sleep(0.5)
+    victim = rank_pid(two_nodes, 3)
+    assert victim is not None, log.read_text()[-3000:]
+    os.kill(victim, 9)
+    killed = time.time()
+    state = two_nodes.wait(job)
+    took = time.time() - killed
+    text = log.read_text()
+    assert state == "FAILED", text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert errors and "rollout rank" in errors[0], text[-4000:]
+    assert took < 120, (took, errors)
