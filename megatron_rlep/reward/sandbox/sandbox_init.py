@@ -193,7 +193,7 @@ def pids_cgroup(nproc: int) -> tuple[str | None, str]:
     PID of the machine, and the trainer's next fork failed): this process moves into a pids
     cgroup of its own capped at ``nproc`` and itself (init counts, as for RLIMIT_NPROC), which
     the sandbox inherits.
-    Empty ones left by earlier sandboxes are removed. Returns the group (or None) and what it
+    Empty ones left by runners that are gone are removed. Returns the group (or None) and what it
     did, in a few words."""
     if os.getuid() != 0:
         return None, ""  # RLIMIT_NPROC caps the program
@@ -208,11 +208,12 @@ def pids_cgroup(nproc: int) -> tuple[str | None, str]:
             continue
         try:
             for stale in os.listdir(base):
-                if stale.startswith("rlep-sandbox-"):
+                runner = stale[len("rlep-sandbox-"):]
+                if stale.startswith("rlep-sandbox-") and not os.path.exists(f"/proc/{runner}"):
                     try:
                         os.rmdir(os.path.join(base, stale))
                     except OSError:
-                        pass  # a sandbox's still
+                        pass  # its processes are still exiting
             group = os.path.join(base, f"rlep-sandbox-{os.getpid()}")
             os.mkdir(group)
             write(os.path.join(group, "pids.max"), str(nproc + 1))
