@@ -130,7 +130,7 @@ def expert_layout(actor) -> dict | None:
     kind = type(experts).__name__
     want = "TEGroupedMLP" if actor.transformer_engine else "SequentialMLP"
     source = {k: v for f in Path(actor.hf_path).glob("*.safetensors") for k, v in load_file(f).items()}
-    exported = {k: v.cpu() for bucket in actor.export_hf() for k, v in bucket}
+    exported = {k: v.cpu() for bucket in actor.export_hf(list) for k, v in bucket}
     exact = exported.keys() == source.keys() and all(
         torch.equal(v, source[k].to(v.dtype)) for k, v in exported.items())
     return {"module": kind, "expected": want, "export_exact": exact, "ok": kind == want and exact}
@@ -147,7 +147,7 @@ def nan_guard(actor, tokenizer) -> dict:
     batch = SequenceBatch(ids, [3, 3], advantages=torch.full((2,), float("nan")))
 
     def weights():
-        return {k: v.detach().cpu().clone() for bucket in actor.export_hf() for k, v in bucket}
+        return {k: v.detach().cpu().clone() for bucket in actor.export_hf(list) for k, v in bucket}
 
     before = weights()
     skipped = actor.train_step(batch)["skipped"]
@@ -290,13 +290,19 @@ def export_speed(actor, parameters: int) -> dict:
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def count(stream):  # the export's consumer: each bucket copied flat, as the broadcast does
+        size = buckets = 0
+        for bucket in stream:
+            size += flat_bucket(bucket, device).numel()
+            buckets += 1
+        return size, buckets
+
     seconds = []
     for _ in range(2):
         sync()
-        start, size, buckets = time.perf_counter(), 0, 0
-        for bucket in actor.export_hf():
-            size += flat_bucket(bucket, device).numel()
-            buckets += 1
+        start = time.perf_counter()
+        size, buckets = actor.export_hf(count)
         sync()
         seconds.append(time.perf_counter() - start)
     width = torch.empty((), dtype=actor.dtype).element_size()
@@ -325,7 +331,7 @@ def optimizer_resume(model: str, dtype: str, out: Path) -> dict:
                      recompute="selective", logprob_chunk_tokens=64)
 
     def weights(a):
-        return {k: v.detach().float().cpu() for bucket in a.export_hf() for k, v in bucket}
+        return {k: v.detach().float().cpu() for bucket in a.export_hf(list) for k, v in bucket}
 
     first = actor()
     kinds = [type(o).__name__ for o in first.optimizer.chained_optimizers]

@@ -134,7 +134,7 @@ def test_disaggregated_learner_terms_by_hand():
     assert memory_plan.learner_plan(arch, 1, 2, 1, 10, 6, bucket_bytes=100)["export"] == 4 * 128
     assert memory_plan.learner_plan(arch, 1, 1, 8, 10, 6, bucket_bytes=100)["export"] == 3 * 128
     # the trainer's buckets are the export's default
-    source = (REPO / "megatron_rlep" / "actor" / "bridge.py").read_text()
+    source = (REPO / "megatron_rlep" / "actor" / "hf.py").read_text()
     assert "bucket_bytes: int = 256 << 20" in source and memory_plan.EXPORT_BUCKET == 256 << 20
 
 

@@ -276,8 +276,9 @@ def test_vllm_cpu_shared_memory_is_named_per_launch_and_stale_files_go(monkeypat
     from vllm.distributed.device_communicators import cpu_communicator
     from megatron_rlep.rollout.vllm_engine import name_cpu_shm, remove_cpu_shm
 
-    monkeypatch.setattr(cpu_communicator._CPUSHMDistributed, "make_group_name",
-                        cpu_communicator._CPUSHMDistributed.make_group_name)
+    named = cpu_communicator._CPUSHMDistributed.make_group_name  # vLLM's, or this process's
+    monkeypatch.setattr(cpu_communicator._CPUSHMDistributed, "make_group_name",  # engine's
+                        staticmethod(getattr(named, "__wrapped__", named)))
     monkeypatch.setenv("VLLM_DIST_IDENT", "//")  # what vLLM sets under torchrun ("env://")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "7")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")

@@ -84,19 +84,19 @@ def name_cpu_shm(shm_dir: Path = Path("/dev/shm")) -> None:
         from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
     except ImportError:  # a vLLM without it names its files its own way
         return
-    if getattr(_CPUSHMDistributed.make_group_name, "tag", None):
-        return
-    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
-    tag = f"rlep{launcher}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     for stale in shm_dir.glob("rlep*-cpushm*"):
         pid = stale.name[len("rlep"):].split(".", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             stale.unlink(missing_ok=True)
+    if getattr(_CPUSHMDistributed.make_group_name, "tag", None):
+        return  # named in this process already
+    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+    tag = f"rlep{launcher}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     original = _CPUSHMDistributed.make_group_name
 
     def make_group_name(communicator) -> str:  # under torchrun vLLM's own name starts "//"
         return tag + original(communicator).lstrip("/")
-    make_group_name.tag = tag
+    make_group_name.tag, make_group_name.__wrapped__ = tag, original
     _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
 
 
