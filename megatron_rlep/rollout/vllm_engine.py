@@ -140,11 +140,13 @@ def completion(output, tokenizer) -> Completion:
     config (``rollout.base.stop_ids``) and keeps that id as the last token; nothing is added,
     so the trained sequence is the sampled one and its log-probs line up. vLLM does not
     detokenize (its incremental detokenizer runs at every step, about 8% of a CPU rollout):
-    the text is decoded here once, as the transformers engine decodes it."""
+    the text is decoded here once, as the transformers engine decodes it. An answer that ended
+    on a stop string (a tool call's end) is ``stopped``, not finished."""
     ids = tuple(output.token_ids)
     logprobs = tuple(step[token].logprob for step, token in zip(output.logprobs or (), ids))
+    stopped = output.finish_reason == "stop" and isinstance(output.stop_reason, str)
     return Completion(tokenizer.decode(ids, skip_special_tokens=True), ids,
-                      output.finish_reason == "stop", logprobs)
+                      output.finish_reason == "stop" and not stopped, logprobs, stopped=stopped)
 
 
 def vllm_llm_class():
@@ -219,9 +221,10 @@ class VllmEngine:
         self.asleep = False
 
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, seed=0,
-                 progress=False) -> list[list[Completion]]:
+                 progress=False, stop=()) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), with per-request seeds: ``seed`` is a
-        list (one per prompt) or a base that ``request_seed`` spreads over the prompts."""
+        list (one per prompt) or a base that ``request_seed`` spreads over the prompts. ``stop``
+        strings end an answer after the token that completes one (vLLM then detokenizes)."""
         from vllm import SamplingParams
 
         if self.asleep:
@@ -229,7 +232,8 @@ class VllmEngine:
                                "wakes it")
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
         params = [SamplingParams(n=c, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                 seed=s, logprobs=0, detokenize=False)
+                                 seed=s, logprobs=0, detokenize=bool(stop),
+                                 stop=list(stop) or None)
                   for c, s in zip(counts, seeds)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         with self._calls():
