@@ -237,6 +237,20 @@ class RolloutConfig:
     timeout_s: float = at_least(1.0, default=600.0)
     # disaggregated: the longest any rank waits at start-up for the others to reach the bridge
     connect_timeout_s: float = at_least(1.0, default=1800.0)
+    # tools in the loop (rollout/tools.py; docs/usage.md, "Tools"): their names (python, or a
+    # function of your own as module:function), the most calls an answer makes, each call's
+    # wall-clock limit, the characters of its output the model reads, the calls run at once
+    tools: list[str] = field(default_factory=list)
+    max_turns: int = at_least(1, default=4)
+    tool_timeout_s: float = at_least(0.1, default=5.0)
+    tool_output_chars: int = at_least(16, default=512)
+    tool_workers: int = at_least(1, default=8)
+
+    def check(self) -> None:
+        if self.tools and self.engine != "transformers" and self.tensor_parallel > 1:
+            raise ConfigError(f"config key rollout.tools runs each tool call once per engine, "
+                              f"but rollout.tensor_parallel={self.tensor_parallel} would run it "
+                              "on every rank of the engine; set rollout.tensor_parallel=1.")
 
 
 @dataclass
@@ -385,6 +399,10 @@ class Config:
             raise ConfigError(f"config key {what}, so their tokens come from older policies; set "
                               "algorithm.max_staleness to 1 or more (how many versions behind a "
                               "trained token may be).")
+        if r.tools and (a.max_staleness or r.placement == "disaggregated"):
+            raise ConfigError("config key rollout.tools samples answers turn by turn in the "
+                              "synchronous trainer only; set algorithm.max_staleness=0 and "
+                              "rollout.placement=colocated.")
         if r.placement == "disaggregated" and r.ranks < 1:
             raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
                               "many of the job's ranks run the engines (e.g. rollout.ranks=1).")
@@ -442,8 +460,9 @@ class EvaluateConfig:
 class DemoConfig:
     """python -m megatron_rlep.demo: baseline, pool, RLEP, evaluation and report in one run."""
     experiment: str = "cpu_demo"  # the training preset both runs share (conf/experiment/)
-    # the built-in task: arithmetic (the preset as named), code or logic (<experiment>_<task>)
-    task: str = one_of("arithmetic", "code", "logic", default="arithmetic")
+    # the built-in task: arithmetic (the preset as named), calculator (with a Python tool), code
+    # or logic (<experiment>_<task>)
+    task: str = one_of("arithmetic", "calculator", "code", "logic", default="arithmetic")
     replay_per_prompt: int = at_least(1, default=2)  # M of the RLEP run; the baseline has 0
     seed: int = 1  # both runs, the pool and the evaluation
     out: str = "runs/demo"

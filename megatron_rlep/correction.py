@@ -35,6 +35,7 @@ No Megatron, no engine: tensors in, tensors out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Optional
@@ -163,6 +164,55 @@ def engine_old_logp(samples: list, later: list[int]) -> list:
         if not s.replay and s.logprobs and len(s.logprobs) == len(s.response_ids):
             old[i] = torch.tensor(s.logprobs, dtype=torch.float32)
     return old
+
+
+# ---------------------------------------------------------------------- tools' observations
+
+def model_tokens(samples: list, old: list) -> list:
+    """``samples`` as the corrections see them: an observation token (a tool's output, the
+    sample's ``mask`` False) gets its proximal log-prob as its behaviour one, ratio 1, so that
+    no weight, sum or rejection of a sequence counts it. A sample without observations, or
+    without old log-probs yet, is returned as it is."""
+    out = []
+    for s, logp in zip(samples, old):
+        if not s.mask or logp is None or not s.logprobs:
+            out.append(s)
+            continue
+        mask = torch.tensor(s.mask)
+        behaviour = torch.where(mask, torch.tensor(s.logprobs, dtype=torch.float32),
+                                logp.detach().float().cpu())
+        out.append(dataclasses.replace(s, logprobs=tuple(behaviour.tolist())))
+    return out
+
+
+def without_observations(kept: Optional[list], samples: list) -> Optional[list]:
+    """The kept-token masks with every observation token out of the loss and its token count
+    (None stays None when no sample has observations)."""
+    if not any(s.mask for s in samples):
+        return kept
+    out = []
+    for i, s in enumerate(samples):
+        k = torch.ones(len(s.response_ids), dtype=torch.bool) if kept is None else kept[i]
+        out.append(k & torch.tensor(s.mask, dtype=torch.bool) if s.mask else k)
+    return out
+
+
+def model_parts(samples: list, old: list) -> tuple[list, list]:
+    """(behaviour log-probs, actor log-probs) of the fresh answers' model tokens only, for
+    ``loss.rollout_mismatch``: observations and replays have no behaviour of the engine's."""
+    behaviour, actor = [], []
+    for s, logp in zip(samples, old):
+        if s.replay or not s.logprobs:
+            behaviour.append(())
+            actor.append(logp)
+        elif s.mask:
+            mask = torch.tensor(s.mask, dtype=torch.bool)
+            behaviour.append(torch.tensor(s.logprobs)[mask].tolist())
+            actor.append(logp.detach().float().cpu()[mask])
+        else:
+            behaviour.append(s.logprobs)
+            actor.append(logp)
+    return behaviour, actor
 
 
 # ---------------------------------------------------------------------- staleness, measured

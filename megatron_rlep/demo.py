@@ -2,7 +2,7 @@
 -> report.
 
     python -m megatron_rlep.demo [seed=1] [out=runs/demo] [replay_per_prompt=2] \
-        [experiment=cpu_demo] [task=arithmetic|code|logic] [algorithm.total_steps=12 ...]
+        [experiment=cpu_demo] [task=arithmetic|calculator|code|logic] [algorithm.total_steps=12 ...]
 
 The demo's own keys are those of ``DemoConfig`` (megatron_rlep/config.py); every other
 ``key=value`` is a training override given to both runs. ``task=code`` or ``task=logic`` runs
@@ -126,6 +126,16 @@ def _sizes(train: Config) -> tuple[int, list[int]]:
             [len(load_examples(name, "test", data.data_dir)) for name in data.eval])
 
 
+def tool_arguments(rollout) -> list[str]:
+    """The training runs' tools, for the pool build and the evaluations (none without)."""
+    if not rollout.tools:
+        return []
+    return [f"rollout.tools={_listing(rollout.tools)}", f"rollout.max_turns={rollout.max_turns}",
+            f"rollout.tool_timeout_s={rollout.tool_timeout_s}",
+            f"rollout.tool_output_chars={rollout.tool_output_chars}",
+            f"rollout.tool_workers={rollout.tool_workers}"]
+
+
 def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[Stage]:
     """The five stages, with pool and evaluation settings read off the training config so they
     sample the same questions at the same response limit."""
@@ -141,6 +151,7 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
                  f"rollout.engine={rollout.engine}",
                  f"rollout.max_response_length={rollout.max_response_length}",
                  f"rollout.batch_size={rollout.batch_size}", *verifier_arguments(train),
+                 *tool_arguments(rollout),
                  f"seed={cfg.seed}", f"shard_size={POOL_SHARD}", f"out={out / 'pool'}",
                  "progress=false"]
 
@@ -151,7 +162,8 @@ def plan(cfg: DemoConfig, extra: list[str], train: Config, out: Path) -> list[St
                 f"samples={cfg.eval_samples}", f"temperature={rollout.temperature}",
                 f"top_p={rollout.top_p}", f"max_tokens={rollout.max_response_length}",
                 f"rollout.engine={rollout.engine}", f"rollout.batch_size={rollout.batch_size}",
-                *verifier_arguments(train), f"seed={cfg.seed}", f"chunk_size={EVAL_CHUNK}",
+                *verifier_arguments(train), *tool_arguments(rollout), f"seed={cfg.seed}",
+                f"chunk_size={EVAL_CHUNK}",
                 f"out={out / ('eval-' + run)}", f"logging.wandb={cfg.wandb}", "progress=false"]
 
     steps, group = train.algorithm.total_steps, train.algorithm.rollouts_per_prompt

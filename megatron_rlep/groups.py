@@ -41,6 +41,10 @@ class Sample:
     status: str = "ok"  # the reward's: ok | error | timeout | infra (reward/scorer.py)
     # asynchronous rollout: the policy version that sampled each token (empty: the step's own)
     versions: tuple[int, ...] = ()
+    # tools (rollout/tools.py): True for the model's tokens, False for an observation's, which
+    # stay out of the loss (empty: every token is the model's); each tool call's status
+    mask: tuple[bool, ...] = ()
+    calls: tuple[str, ...] = ()
 
 
 @dataclass
@@ -96,11 +100,12 @@ def rescue_replays(group: "Group", pool: Optional[ExperiencePool], m: int, seed:
 
 def replay_sample(text: str, tokenizer, max_length: int,
                   sampled: Optional[tuple[list[int], list[float]]] = None,
-                  stops: tuple[int, ...] = ()) -> Sample:
+                  stops: tuple[int, ...] = (), mask: tuple[bool, ...] = ()) -> Sample:
     """A pool answer as a sequence, cut at ``max_length``: the token ids it was sampled with and
     their behaviour log-probs when ``sampled`` gives them, else re-tokenised with EOS appended.
     It is finished when it ends on the tokenizer's EOS or on another of ``stops`` (the model's
-    end-of-sequence ids, ``rollout.base.stop_ids``)."""
+    end-of-sequence ids, ``rollout.base.stop_ids``). A tool-using answer comes with its recorded
+    tokens and ``mask`` (its observations, never run again)."""
     if sampled is not None:
         ids, logprobs = sampled
     else:
@@ -109,9 +114,11 @@ def replay_sample(text: str, tokenizer, max_length: int,
     finished = len(ids) <= max_length and bool(ids) and \
         (ids[-1] == tokenizer.eos_token_id or ids[-1] in stops)
     if len(ids) > max_length:
-        ids, logprobs = ids[:max_length], logprobs[:max_length]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-    return Sample(tuple(ids), text, replay=True, finished=finished, logprobs=tuple(logprobs))
+        ids, logprobs, mask = ids[:max_length], logprobs[:max_length], mask[:max_length]
+        kept = [t for t, m in zip(ids, mask or [True] * len(ids)) if m]
+        text = tokenizer.decode(kept, skip_special_tokens=True)
+    return Sample(tuple(ids), text, replay=True, finished=finished, logprobs=tuple(logprobs),
+                  mask=tuple(mask))
 
 
 def score_samples(pairs: list[tuple[Sample, Example]], scorer, collective: bool = True) -> list:

@@ -30,7 +30,7 @@ MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
 # columns with one entry per candidate, in the candidates' order (None where a pool has none)
 PER_CANDIDATE = ("candidate_lengths", "candidate_token_ids", "candidate_logprobs",
-                 "candidate_versions", "candidate_provenance")
+                 "candidate_versions", "candidate_provenance", "candidate_masks")
 
 
 def question_key(example: Example) -> str:
@@ -45,6 +45,9 @@ class Answer:
     token_ids: tuple[int, ...] = ()  # as sampled, EOS included (empty: not recorded)
     logprobs: tuple[float, ...] = ()  # their behaviour log-probs
     provenance: str = ""  # JSON: source run or pool, step, sampling settings, verifier mode
+    # a tool-using answer's: True for the model's tokens, False for the tools' outputs (empty:
+    # all the model's); it replays as recorded, its observations never run again
+    mask: tuple[bool, ...] = ()
 
 
 class ExperiencePool:
@@ -132,6 +135,11 @@ class ExperiencePool:
                 return list(a.token_ids), list(a.logprobs)
         return None
 
+    def trajectory(self, example: Example, text: str) -> Answer | None:
+        """The tool-using answer ``text`` (its tokens, observations and mask), if it is one."""
+        return next((a for a in self.entries.get(question_key(example), ())
+                     if a.text == text and a.mask and a.token_ids), None)
+
     def version_of(self, example: Example, text: str) -> int:
         return max((a.version for a in self.entries.get(question_key(example), ())
                     if a.text == text), default=-1)
@@ -160,7 +168,9 @@ class ExperiencePool:
                          "candidate_token_ids": [list(a.token_ids) for a in answers],
                          "candidate_logprobs": [list(a.logprobs) for a in answers],
                          "candidate_versions": [a.version for a in answers],
-                         "candidate_provenance": [a.provenance for a in answers]})
+                         "candidate_provenance": [a.provenance for a in answers],
+                         "candidate_masks": [list(a.mask) for a in answers]
+                         if any(a.mask for a in answers) else None})
         return write_pool(rows, out, origin)
 
 
@@ -169,10 +179,11 @@ def answers_of(row: dict) -> list[Answer]:
     texts = row["reward_model"]["candidates"]
     column = {c: row.get(c) or [None] * len(texts) for c in PER_CANDIDATE}
     return [Answer(text, -1 if version is None else int(version), tuple(ids or ()),
-                   tuple(logprobs or ()), provenance or "")
-            for text, ids, logprobs, version, provenance in zip(
+                   tuple(logprobs or ()), provenance or "", tuple(bool(m) for m in mask or ()))
+            for text, ids, logprobs, version, provenance, mask in zip(
                 texts, column["candidate_token_ids"], column["candidate_logprobs"],
-                column["candidate_versions"], column["candidate_provenance"])]
+                column["candidate_versions"], column["candidate_provenance"],
+                column["candidate_masks"])]
 
 
 def row_key(row: dict) -> str:
@@ -348,11 +359,14 @@ def row_schema():
         # a JSON record of the source, sampling settings and verifier
         ("candidate_versions", pa.list_(pa.int64())),
         ("candidate_provenance", pa.list_(pa.string())),
+        # tool-using answers: per token, the model's (true) or a tool's output (false)
+        ("candidate_masks", pa.list_(pa.list_(pa.bool_()))),
     ])
 
 
 def pool_row(example: Example, candidates: list[str], lengths: list[int], correct: int,
-             samples: int, token_ids: list | None = None, logprobs: list | None = None) -> dict:
+             samples: int, token_ids: list | None = None, logprobs: list | None = None,
+             masks: list | None = None) -> dict:
     return {"data_source": example.data_source,
             "prompt": [{"content": m["content"], "role": m["role"]} for m in example.prompt],
             "ability": "math",
@@ -363,7 +377,7 @@ def pool_row(example: Example, candidates: list[str], lengths: list[int], correc
             "pass_rate": correct / max(samples, 1), "samples": samples,
             "candidate_lengths": list(lengths), "candidate_token_ids": token_ids,
             "candidate_logprobs": logprobs, "candidate_versions": None,
-            "candidate_provenance": None}
+            "candidate_provenance": None, "candidate_masks": masks}
 
 
 def write_parquet_atomic(rows: list[dict], path: Path) -> str:

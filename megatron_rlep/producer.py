@@ -197,7 +197,13 @@ class Producer:
 
     def _replay_sample(self, example: Example, text: str) -> Sample:
         stored = self.cfg.algorithm.correction.replay == "stored"
-        return replay_sample(text, self.tokenizer, self.cfg.rollout.max_response_length,
+        limit = self.cfg.rollout.max_response_length
+        tools = self.pool.trajectory(example, text)
+        if tools is not None:  # its tokens as recorded, observations included
+            return replay_sample(text, self.tokenizer, limit, (
+                list(tools.token_ids), list(tools.logprobs) if stored else []), self.stop_ids,
+                tools.mask)
+        return replay_sample(text, self.tokenizer, limit,
                              self.pool.sampled_as(example, text) if stored else None,
                              self.stop_ids)
 
@@ -249,7 +255,7 @@ class Producer:
             group.samples = []
         for (group, _, _), (c,) in zip(requests, completions):
             group.samples.append(Sample(c.token_ids, c.text, replay=False, finished=c.finished,
-                                        logprobs=c.logprobs))
+                                        logprobs=c.logprobs, mask=c.mask, calls=c.calls))
         return self.complete(groups, step)
 
 
@@ -350,7 +356,7 @@ class Producer:
                                  "function": self.cfg.verifier.function})
         for g in groups:
             good = [Answer(s.text, min(s.versions, default=step), s.response_ids, s.logprobs,
-                           provenance)
+                           provenance, s.mask)
                     for s in g.samples if not s.replay and s.correct and s.finished]
             if good:
                 self.pool.add(g.example, good, self.cfg.algorithm.replay.cap)

@@ -218,9 +218,10 @@ class Trainer:
             offsets.append(offsets[-1] + len(g.samples))
         minis = [list(range(offsets[start], offsets[min(start + a.prompts_per_update, len(groups))]))
                  for start in range(0, len(groups), a.prompts_per_update)]
-        fused = set(minis[0]) if a.epochs == 1 and not a.kl_coef and \
-            not correction.active(a.correction) else set()
         samples = [s for g in groups for s in g.samples]
+        # (the fused pass gives the loss's tokens only: a tool's observations would be missing)
+        fused = set(minis[0]) if a.epochs == 1 and not a.kl_coef and \
+            not correction.active(a.correction) and not any(s.mask for s in samples) else set()
         old = [None] * len(batch)
         later = [i for i in range(len(batch)) if i not in fused]
         if a.old_logp == "rollout":
@@ -230,13 +231,15 @@ class Trainer:
             for i, logp in zip(later, self.actor.logprobs(_subset(batch, later))[0]):
                 old[i] = logp
         batch.old_logp = old
+        seen = correction.model_tokens(samples, old)  # what the corrections compare
         c = a.correction
         if c.baseline == "weighted":  # the groups' baselines: the proximal policy's
             assign_advantages(groups, a.normalize_std,
-                              correction.baseline_weights(samples, old, c.is_threshold))
+                              correction.baseline_weights(seen, old, c.is_threshold))
             batch.advantages = torch.tensor([s.advantage for s in samples])
         batch.weights, batch.kept, corrected = correction.batch_correction(
-            batch.old_logp, [s.logprobs for s in samples], [s.replay for s in samples], c)
+            batch.old_logp, [s.logprobs for s in seen], [s.replay for s in samples], c)
+        batch.kept = correction.without_observations(batch.kept, samples)
         batch.tags = correction.token_tags(samples, self.step)
         results = []
         for _ in range(a.epochs):
@@ -253,14 +256,19 @@ class Trainer:
                     break
             if self.too_many_skipped():
                 break
-        mismatch = rollout_mismatch([() if s.replay else s.logprobs for s in samples], batch.old_logp)
+        mismatch = rollout_mismatch(*correction.model_parts(samples, batch.old_logp))
         mismatch.update(corrected)
-        mismatch.update(correction.lag_metrics(samples, batch.old_logp, self.step,
+        mismatch.update(correction.lag_metrics(seen, batch.old_logp, self.step,
                                                minis * a.epochs, c.is_threshold))
         mismatch.update(correction.class_metrics([r["by_class"] for r in results]))
         if self.offload:  # the rollout's room: the update is done, train_step restores
             self.actor.offload()
         return results, mismatch
+
+    def tool_seconds(self) -> float:
+        """Seconds this rank's engine has spent running tool calls (0 without tools)."""
+        toolbox = getattr(getattr(self.rollout, "engine", None), "toolbox", None)
+        return toolbox.seconds if toolbox is not None else 0.0
 
     def sync_weights(self, version: int) -> dict:
         """The actor's weights (policy ``version``: the updates applied) into the engines:
@@ -350,7 +358,7 @@ class Trainer:
                     first = self.validate(0)  # the untrained policy
                     self.checkpoints.keep_best(self.actor, 0, first["val/acc"])
                     monitor.log(0, first, advance=False)
-                t0 = time.perf_counter()
+                t0, tools0 = time.perf_counter(), self.tool_seconds()
                 groups, info = producer.groups(step)
                 stale = producer.staleness_metrics(groups, step) if self.stream is not None \
                     else {}
@@ -369,6 +377,7 @@ class Trainer:
                     metrics["val/best_kept"] = float(self.checkpoints.keep_best(
                         self.actor, self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
+                metrics.update(_tool_metrics(groups, self.tool_seconds() - tools0, t1 - t0))
                 if self.stream is not None:  # asynchronous: each side's waits on the other
                     metrics.update(stale)
                     metrics.update(self.rollout.waits(t1 - t0, info["generating_s"],
@@ -509,6 +518,21 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
     return out
 
 
+def _tool_metrics(groups: list[Group], tools_s: float, rollout_s: float) -> dict:
+    """With tools: calls per fresh answer, the share of answers that call one, the share of
+    calls that ran without error, observation tokens per answer, and the share of the step's
+    rollout spent running calls (this rank's engine's)."""
+    fresh = [s for g in groups for s in g.samples if not s.replay]
+    if not any(s.mask for s in fresh):
+        return {}
+    calls = [c for s in fresh for c in s.calls]
+    return {"tools/calls_per_answer": len(calls) / len(fresh),
+            "tools/answers_calling": mean_or_none(bool(s.calls) for s in fresh),
+            "tools/ok_share": mean_or_none(c == "ok" for c in calls),
+            "tools/observation_tokens": mean_or_none(len(s.mask) - sum(s.mask) for s in fresh),
+            "time/tools_s": tools_s, "tools/time_share": tools_s / rollout_s if rollout_s else None}
+
+
 def _dump(path: Path, groups: list[Group]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = [{"id": g.example.id, **({} if g.position is None else {"position": g.position}),
@@ -518,7 +542,9 @@ def _dump(path: Path, groups: list[Group]) -> None:
                           "finished": s.finished, "reward": s.reward, "correct": s.correct,
                           "advantage": s.advantage, "logprobs": list(s.logprobs),
                           "status": s.status, **({"versions": list(s.versions)} if s.versions
-                                                 else {})}
+                                                 else {}),
+                          **({"mask": [int(m) for m in s.mask], "calls": list(s.calls)}
+                             if s.mask else {})}
                          for s in g.samples]} for g in groups]
     path.write_text(json.dumps(data))
 

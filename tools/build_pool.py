@@ -83,7 +83,8 @@ def shard_rows(examples: list[Example], completions, scorer: Scorer, cfg: BuildP
         kept = [kept[i] for i in keep]
         rows.append(pool_row(ex, [c.text for c in kept], [len(c.token_ids) for c in kept],
                              len(good), len(group), [list(c.token_ids) for c in kept],
-                             [list(c.logprobs) for c in kept]))
+                             [list(c.logprobs) for c in kept],
+                             [list(c.mask) for c in kept] if any(c.mask for c in kept) else None))
     return rows, stats
 
 
@@ -95,7 +96,7 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
                          "top_p": cfg.top_p, "max_tokens": cfg.rollout.max_response_length,
                          "seed": cfg.seed},
             "verifier": cfg.verifier.mode, "function": cfg.verifier.function, "min_correct": cfg.min_correct, "dedupe": cfg.dedupe,
-            "finished_only": cfg.finished_only,
+            "finished_only": cfg.finished_only, "tools": list(cfg.rollout.tools),
             "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
 
 

@@ -84,7 +84,8 @@ def sample_rows(items, completions, scorer: Scorer) -> list[dict]:
             rows.append({"data_source": ex.data_source, "id": ident, "sample_index": index,
                          "response": c.text, "pred": pred, "correct": bool(correct),
                          "length": len(c.token_ids), "finished": c.finished,
-                         "ground_truth": ex.ground_truth})
+                         "ground_truth": ex.ground_truth,
+                         **({"tool_calls": list(c.calls)} if c.mask else {})})
     return rows
 
 

@@ -128,17 +128,28 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
         if heads % tp:
             raise RunError(f"rollout.tensor_parallel={tp} does not divide the model's {heads} "
                            "attention heads; pick a divisor of them")
-        return VllmEngine(model_path, tp, rollout.dedicated_gpu_memory_utilization if dedicated
-                          else rollout.gpu_memory_utilization, max_model_len,
-                          "bfloat16" if dtype == torch.bfloat16 else "float32", seed,
-                          rollout.cpu_kv_cache_gib, cpu_compile=rollout.cpu_compile,
-                          sleep_mode=not dedicated)
+        return with_tools(VllmEngine(
+            model_path, tp, rollout.dedicated_gpu_memory_utilization if dedicated
+            else rollout.gpu_memory_utilization, max_model_len,
+            "bfloat16" if dtype == torch.bfloat16 else "float32", seed, rollout.cpu_kv_cache_gib,
+            cpu_compile=rollout.cpu_compile, sleep_mode=not dedicated), rollout)
     if _mp_rank() != 0:
         return None
     from megatron_rlep import platform
 
-    return TransformersEngine(model_path, dtype=dtype, batch_size=rollout.batch_size,
-                              device=platform.device())
+    return with_tools(TransformersEngine(model_path, dtype=dtype, batch_size=rollout.batch_size,
+                                         device=platform.device()), rollout)
+
+
+def with_tools(engine, rollout):
+    """``engine``, its answers calling ``rollout.tools`` where the run names any."""
+    if not getattr(rollout, "tools", None):
+        return engine
+    from megatron_rlep.rollout.tools import ToolEngine, Toolbox
+
+    return ToolEngine(engine, Toolbox(list(rollout.tools), rollout.tool_timeout_s,
+                                      rollout.tool_output_chars, rollout.tool_workers),
+                      rollout.max_turns)
 
 
 def _share(engine, rollout_tp: int) -> tuple[int, int, bool]:

@@ -12,7 +12,7 @@ import hashlib
 import random
 from importlib import import_module
 
-BUILTIN = ("arithmetic", "code", "logic")
+BUILTIN = ("arithmetic", "calculator", "code", "logic")
 TEST_BUCKETS = 8  # one bucket of eight is the test split
 
 

@@ -34,10 +34,34 @@ def main(model: str, questions: int, max_tokens: int) -> None:
                 logits = reference.model(ids).logits[0, len(prompt) - 1:-1] / 0.7
             expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
             gap = max(gap, (torch.tensor(c.logprobs) - expected).abs().max().item())
+    # with a Python tool: each engine's greedy multi-turn answers, as the segments of their
+    # masks (model's or observation's, and how long) and their calls
+    from megatron_rlep.rollout.tools import ToolEngine, Toolbox
+    from megatron_rlep.tasks import calculator
+
+    questions = [encode_prompt(reference.tokenizer, e.prompt)
+                 for e in calculator.examples("test", (1, 2, 3, 4), 4, seed=0)]
+    turns = {}
+    for name, each in (("vllm", engine), ("transformers", reference)):
+        tooled = ToolEngine(each, Toolbox(["python"]), max_turns=2)
+        turns[name] = [[segments(c.mask), list(c.calls), c.text] for (c,) in
+                       tooled.generate(questions, 1, temperature=0.0, max_tokens=64)]
     print(json.dumps({"vllm": [list(g[0].token_ids) for g in greedy[0]],
                       "transformers": [list(g[0].token_ids) for g in greedy[1]],
                       "sampled_logprob_gap": gap,
-                      "sampled_lengths": [len(c.token_ids) for g in sampled for c in g]}))
+                      "sampled_lengths": [len(c.token_ids) for g in sampled for c in g],
+                      "tools": turns}))
+
+
+def segments(mask) -> list:
+    """[[is the model's, length], ...]: a mask's runs."""
+    out = []
+    for m in mask:
+        if out and out[-1][0] == m:
+            out[-1][1] += 1
+        else:
+            out.append([m, 1])
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,242 @@
+"""Tools in the loop: multi-turn answers whose code blocks run, outputs appended, before the
+model goes on (``rollout.tools``; docs/usage.md, "Tools").
+
+The format the model sees (the built-in ``calculator`` task's prompt shows it once)::
+
+    ```python
+    print(1234 * 5678)
+    ```
+    ```output
+    7006652
+    ```
+    Answer: 7006652
+
+Generation stops at the end of a code block (the stop string ``STOP``). When the block's tag
+names a tool (``python``, or a user's ``module:function`` whose function name is the tag), the
+tool runs the block's text and its output, cut at ``rollout.tool_output_chars``, comes back in
+an ``output`` block: the *observation*. Errors and time-outs come back as text the model sees.
+Generation then goes on from the answer's tokens so far, up to ``rollout.max_turns`` tool calls
+and the answer's token limit (observations count in it; one cut at the limit ends the answer).
+
+Token in, token out: every turn resubmits the prompt and the answer's token ids as they are
+(vLLM's prefix cache keeps their KV cache), and the observation is the only text tokenised here.
+A completion's ``mask`` marks the model's tokens (True) and the observations' (False); the
+trainer keeps observations out of the loss and its normaliser, and their log-probs are 0.0 and
+never used. The verifier scores the model's own text, never an observation.
+
+``python`` runs each block as a program in the code sandbox (``reward/sandbox``): no network,
+no files of the trainer's, a clean environment, a wall-clock and a CPU limit, a process cap. A
+turn's calls, across all answers, run at once on ``rollout.tool_workers`` threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from megatron_rlep.errors import RunError
+from megatron_rlep.rollout.base import Completion, counts_and_seeds, request_seed
+
+STOP = "\n```\n"  # the end of a code block (an opening one has a tag: ```python)
+CPU_KILLED = (137, 152, -9, -24)  # SIGKILL or SIGXCPU at the CPU-time limit
+BLOCK = re.compile(r"```([A-Za-z_][\w.]*)[ \t]*\n(.*?)\n```[ \t]*\n?\s*\Z", re.S)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a tool call gives the model: its ``output`` text and how it went (``ok`` | ``error``
+    | ``timeout`` | ``output``, too much printed | ``infra``, the sandbox could not run it)."""
+    output: str
+    status: str = "ok"
+
+
+def call_of(text: str) -> tuple[str, str] | None:
+    """(tag, code) of the code block ``text`` ends with, or None: the block that made the
+    engine stop, closed by the fence of ``STOP``."""
+    match = BLOCK.search(text)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def observation(result: Result, limit: int) -> str:
+    """The ``output`` block the model reads: the output cut to ``limit`` characters, saying
+    how much was left out."""
+    text = result.output.rstrip("\n")
+    if len(text) > limit:
+        text = f"{text[:limit]}\n... ({len(text) - limit} more characters)"
+    return f"```output\n{text}\n```\n"
+
+
+class PythonTool:
+    """``python``: a block runs as ``main.py`` in the code sandbox; the model sees its standard
+    output, then its error's last line if it failed."""
+
+    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, output_bytes: int = 65536):
+        from megatron_rlep.reward.sandbox import Limits, Sandbox
+
+        self.sandbox = Sandbox(Limits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)),
+                                      memory_mb=memory_mb, output_bytes=output_bytes))
+        self.timeout_s, self.output_bytes = timeout_s, output_bytes
+        self.cpu_s = self.sandbox.limits.cpu_s
+
+    def __call__(self, code: str) -> Result:
+        outcome = self.sandbox.run({"main.py": code})
+        if outcome.status == "timeout":
+            return Result(f"{outcome.stdout}TimeoutError: the program ran longer than "
+                          f"{self.timeout_s:g} s and was stopped", "timeout")
+        if outcome.status == "output":
+            return Result(f"{outcome.stdout[:2000]}\nOutputError: the program printed more than "
+                          f"{self.output_bytes} bytes and was stopped", "output")
+        if outcome.status == "infra":
+            return Result("the interpreter is unavailable", "infra")
+        if outcome.exit_code in CPU_KILLED:
+            return Result(f"{outcome.stdout}TimeoutError: the program used more than "
+                          f"{self.cpu_s} s of CPU time and was stopped", "timeout")
+        if outcome.exit_code:
+            error = (outcome.stderr.strip().splitlines() or [f"exit status {outcome.exit_code}"])
+            return Result(f"{outcome.stdout}{error[-1]}", "error")
+        return Result(outcome.stdout)
+
+
+def user_tool(spec: str):
+    """A user's tool, ``module:function``: ``function(code: str) -> str`` (or a ``Result``),
+    called in the trainer's process with the block's text. It must not run the model's text as
+    code itself (the sandbox's ``python`` tool is for that)."""
+    module, _, name = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise RunError(f"rollout.tools entry {spec!r} does not import ({error}); give a "
+                       "built-in tool (python) or module:function on the Python path") from None
+
+    def run(code: str) -> Result:
+        try:
+            out = function(code)
+        except Exception as error:  # the model's input broke the tool: the model reads why
+            return Result(f"{type(error).__name__}: {error}", "error")
+        return out if isinstance(out, Result) else Result(str(out))
+    return name, run
+
+
+class Toolbox:
+    """The run's tools by tag, and the pool of threads their calls run on."""
+
+    def __init__(self, specs, timeout_s: float = 5.0, output_chars: int = 512, workers: int = 8):
+        self.tools = {}
+        for spec in specs:
+            if spec == "python":
+                self.tools["python"] = PythonTool(timeout_s)
+            elif ":" in spec:
+                name, run = user_tool(spec)
+                self.tools[name] = run
+            else:
+                raise RunError(f"rollout.tools entry {spec!r} is unknown; use python or a "
+                               "function of your own as module:function")
+        self.output_chars, self.workers = output_chars, workers
+        self.seconds = 0.0  # time spent running calls, summed over turns (not over calls)
+
+    def run(self, calls: list[tuple[str, str]]) -> list[Result]:
+        """Every (tag, code) call at once, in order."""
+        if not calls:
+            return []
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max(1, min(self.workers, len(calls)))) as pool:
+            out = list(pool.map(lambda call: self.tools[call[0]](call[1]), calls))
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: tuple
+    seed: int
+    token_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # each call's status, in order
+    finished: bool = False
+    done: bool = False
+    text: str = ""  # the model's own text, turn after turn
+
+    def completion(self) -> Completion:
+        return Completion(self.text, tuple(self.token_ids), self.finished, tuple(self.logprobs),
+                          tuple(self.mask), tuple(self.calls))
+
+
+def run_turns(generate, encode, decode, toolbox: Toolbox, prompts: list[tuple],
+              seeds: list[int], max_tokens: int, max_turns: int) -> list[Completion]:
+    """One multi-turn answer per prompt. ``generate(contexts, seeds, max_tokens)`` returns one
+    ``Completion`` per context, stopping at ``STOP``; ``encode(text)`` and ``decode(ids)`` are
+    the tokenizer's. Turn k > 0 of an answer is seeded from its seed and the number of tokens it
+    has so far, so an answer that never calls a tool is the one sampled without tools. An
+    answer ends at an end of sequence, at ``max_tokens`` (an observation cut there too), or at
+    a code block past ``max_turns`` calls; a block whose tag is no tool's lets it go on."""
+    answers = [Trajectory(tuple(p), s) for p, s in zip(prompts, seeds)]
+    while active := [a for a in answers if not a.done]:
+        left = [max_tokens - len(a.token_ids) for a in active]
+        results = generate([a.prompt_ids + tuple(a.token_ids) for a in active],
+                           [request_seed(a.seed, len(a.token_ids)) if a.token_ids else a.seed
+                            for a in active], max(left))
+        calls = []
+        for answer, room, c in zip(active, left, results):
+            ids = list(c.token_ids[:room])
+            whole = len(ids) == len(c.token_ids)
+            turn = c.text if whole else decode(ids)
+            answer.token_ids += ids
+            answer.logprobs += list(c.logprobs[:room])
+            answer.mask += [True] * len(ids)
+            answer.text += turn
+            answer.finished = c.finished and whole
+            if not (whole and c.stopped) or not ids or len(answer.token_ids) >= max_tokens:
+                answer.done = True  # an end of sequence, the token limit, or nothing sampled
+                continue
+            call = call_of(turn)
+            if call is None or call[0] not in toolbox.tools:
+                continue  # a block that is no tool's: the answer goes on
+            if len(answer.calls) >= max_turns:
+                answer.done = True
+            else:
+                calls.append((answer, call))
+        for (answer, _), result in zip(calls, toolbox.run([c for _, c in calls])):
+            answer.calls.append(result.status)
+            ids = list(encode(observation(result, toolbox.output_chars)))
+            room = max_tokens - len(answer.token_ids)
+            answer.token_ids += ids[:room]
+            answer.logprobs += [0.0] * len(ids[:room])
+            answer.mask += [False] * len(ids[:room])
+            answer.done = len(ids) >= room
+    return [a.completion() for a in answers]
+
+
+class ToolEngine:
+    """An engine whose answers may call tools: ``generate`` as any engine's (``n`` answers per
+    prompt, per-prompt seeds; the j-th answer of a prompt seeded as the engine seeds it), each
+    answer grown turn by turn (``run_turns``). Everything else is the wrapped engine's."""
+
+    def __init__(self, engine, toolbox: Toolbox, max_turns: int):
+        self.engine, self.toolbox, self.max_turns = engine, toolbox, max_turns
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, seed=0,
+                 progress=False) -> list[list[Completion]]:
+        tokenizer = self.engine.tokenizer
+        counts, seeds = counts_and_seeds(len(prompts), n, seed)
+        jobs = [(i, seeds[i] + j) for i, c in enumerate(counts) for j in range(c)]
+
+        def turn(contexts, turn_seeds, limit):
+            out = self.engine.generate(contexts, 1, temperature=temperature, top_p=top_p,
+                                       max_tokens=limit, seed=turn_seeds, stop=(STOP,))
+            return [group[0] for group in out]
+        flat = run_turns(turn, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                         lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                         self.toolbox, [prompts[i] for i, _ in jobs], [s for _, s in jobs],
+                         max_tokens, self.max_turns)
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for (i, _), c in zip(jobs, flat):
+            out[i].append(c)
+        return out

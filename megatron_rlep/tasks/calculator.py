@@ -1,0 +1,57 @@
+"""The built-in task ``calculator``: arithmetic with numbers too large to do in one's head, for
+runs with a Python tool (``rollout.tools=[python]``; ``rollout/tools.py``).
+
+The prompt shows the tool's format once: a worked example whose answer runs a ``python`` block
+and reads its ``output`` block before the "Answer:" line, so the built-in model calls the tool
+from the first step. Answers are integers, checked by the math rule as in ``arithmetic``; the
+splits are disjoint in the same way (``tasks.split_of``). Levels grow from a sum of three
+four-digit numbers to products of three-digit numbers and sums of products.
+"""
+
+from __future__ import annotations
+
+from megatron_rlep.example import Example
+from megatron_rlep.tasks import distinct
+
+DEMONSTRATION = (
+    {"role": "system", "content": "Solve the problem. You can run Python: write a ```python "
+                                  "block and its output follows. Put the final answer on its own "
+                                  "line after \"Answer:\"."},
+    {"role": "user", "content": "Compute $4821 \\times 37$."},
+    {"role": "assistant", "content": "```python\nprint(4821 * 37)\n```\n```output\n178377\n```\n"
+                                     "Answer: 178377"},
+)
+
+
+def _level_1(rng):  # a + b + c, four digits
+    a, b, c = (rng.randint(1000, 9999) for _ in range(3))
+    return f"{a} + {b} + {c}", a + b + c
+
+
+def _level_2(rng):  # a * b, four digits by two digits
+    a, b = rng.randint(1000, 9999), rng.randint(11, 99)
+    return f"{a} \\times {b}", a * b
+
+
+def _level_3(rng):  # a * b, three digits by three digits
+    a, b = rng.randint(101, 999), rng.randint(101, 999)
+    return f"{a} \\times {b}", a * b
+
+
+def _level_4(rng):  # a * b + c * d, three digits by two
+    a, b, c, d = rng.randint(101, 999), rng.randint(11, 99), rng.randint(101, 999), \
+        rng.randint(11, 99)
+    return f"{a} \\times {b} + {c} \\times {d}", a * b + c * d
+
+
+LEVELS = {1: _level_1, 2: _level_2, 3: _level_3, 4: _level_4}
+
+
+def examples(split: str = "train", levels=(1, 2), n: int = 64, seed: int = 0) -> list[Example]:
+    """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``."""
+    def draw(level, rng, index):
+        expression, answer = LEVELS[level](rng)
+        prompt = DEMONSTRATION + ({"role": "user", "content": f"Compute ${expression}$."},)
+        return expression, Example(f"C{level}-{index}", prompt, str(answer), f"arithmetic-calculator-L{level}")
+
+    return distinct("calculator", LEVELS, split, levels, n, seed, draw)

@@ -1,0 +1,203 @@
+"""Tools in the loop (megatron_rlep/rollout/tools.py): multi-turn answers on hand-made token
+sequences, observations out of the loss, hostile tool calls, and tool-using answers through the
+pool and back."""
+
+import os
+
+import pytest
+import torch
+
+from megatron_rlep import correction
+from megatron_rlep.actor.batch import SequenceBatch, collate
+from megatron_rlep.config import CorrectionConfig
+from megatron_rlep.groups import Sample, replay_sample
+from megatron_rlep.rollout.base import Completion, request_seed
+from megatron_rlep.rollout.tools import (STOP, Result, Toolbox, call_of, observation,
+                                         run_turns)
+
+# a character-level tokenizer: token t is the character chr(t)
+encode = lambda text: [ord(c) for c in text]  # noqa: E731
+decode = lambda ids: "".join(chr(t) for t in ids)  # noqa: E731
+EOS = 0
+
+
+def scripted(turns_by_prompt: dict):
+    """A fake engine: the k-th call for a prompt returns that prompt's k-th scripted turn (a
+    turn ending in STOP is ``stopped``; one ending in "<eos>" is finished, the EOS a token)."""
+    asked, count = [], dict.fromkeys(turns_by_prompt, 0)
+
+    def generate(contexts, seeds, max_tokens):
+        out = []
+        for context, seed in zip(contexts, seeds):
+            prompt = next(p for p in turns_by_prompt if tuple(context[:len(p)]) == p)
+            turn = turns_by_prompt[prompt][count[prompt]]
+            count[prompt] += 1
+            asked.append((tuple(context), seed, max_tokens))
+            finished = turn.endswith("<eos>")
+            ids = encode(turn.removesuffix("<eos>")) + ([EOS] if finished else [])
+            ids = ids[:max_tokens]
+            text = decode([t for t in ids if t != EOS])
+            out.append(Completion(text, tuple(ids), finished and ids[-1] == EOS,
+                                  tuple(-0.5 for _ in ids), stopped=text.endswith(STOP)))
+        return out
+    return generate, asked
+
+
+def toolbox(results: dict) -> Toolbox:
+    box = Toolbox([], output_chars=40)
+    box.tools["python"] = lambda code: results[code]
+    return box
+
+
+def test_the_end_of_a_code_block_is_a_call_and_anything_else_is_not():
+    assert call_of("Let me compute.\n```python\nprint(2 + 3)\n```\n") == ("python", "print(2 + 3)")
+    assert call_of("```python\nx = 1\nprint(x)\n```\n") == ("python", "x = 1\nprint(x)")
+    assert call_of("```python\nprint(1)\n```\nand then more") is None  # not where it stopped
+    assert call_of("text\n```\n") is None  # a fence without a tag: no tool's
+    assert call_of("```output\n5\n```\n") == ("output", "5")  # a tag, but no tool of that name
+
+
+def test_an_observation_is_cut_to_its_limit_and_says_how_much_was_left_out():
+    assert observation(Result("5\n"), 40) == "```output\n5\n```\n"
+    cut = observation(Result("x" * 100), 40)
+    assert cut == "```output\n" + "x" * 40 + "\n... (60 more characters)\n```\n"
+
+
+def test_three_turns_train_exactly_the_tokens_sampled_and_mask_only_the_model_tokens():
+    prompt = tuple(encode("Q:"))
+    turns = ["```python\nprint(2)\n```\n", "```python\nprint(3)\n```\n", "Answer: 5<eos>"]
+    generate, asked = scripted({prompt: turns})
+    box = toolbox({"print(2)": Result("2\n"), "print(3)": Result("", "error")})
+    (c,) = run_turns(generate, encode, decode, box, [prompt], [7], 200, max_turns=4)
+    obs = [observation(Result("2\n"), 40), observation(Result("", "error"), 40)]
+    expected = encode(turns[0]) + encode(obs[0]) + encode(turns[1]) + encode(obs[1]) + \
+        encode("Answer: 5") + [EOS]
+    assert list(c.token_ids) == expected  # token in, token out: nothing re-tokenised
+    assert list(c.mask) == [True] * len(turns[0]) + [False] * len(obs[0]) + \
+        [True] * len(turns[1]) + [False] * len(obs[1]) + [True] * (len("Answer: 5") + 1)
+    assert c.logprobs == tuple(-0.5 if m else 0.0 for m in c.mask)
+    assert c.finished and c.calls == ("ok", "error")
+    assert c.text == turns[0] + turns[1] + "Answer: 5"  # the model's own text, for the verifier
+    # each turn resubmits the prompt and every token so far, seeded by how many there are
+    assert [a[0] for a in asked] == [prompt, prompt + tuple(expected[:len(turns[0]) + len(obs[0])]),
+                                     prompt + tuple(expected[:-len("Answer: 5") - 1])]
+    assert [a[1] for a in asked] == [7, request_seed(7, len(turns[0]) + len(obs[0])),
+                                     request_seed(7, len(expected) - len("Answer: 5") - 1)]
+
+
+def test_an_answer_that_never_calls_a_tool_is_all_the_models():
+    prompt = tuple(encode("Q:"))
+    generate, asked = scripted({prompt: ["Answer: 5<eos>"]})
+    (c,) = run_turns(generate, encode, decode, toolbox({}), [prompt], [7], 200, max_turns=4)
+    assert list(c.mask) == [True] * 10 and c.calls == () and c.finished
+    assert [a[1] for a in asked] == [7]  # the seed it has without tools
+
+
+def test_the_length_limit_cuts_a_turn_or_an_observation_and_ends_the_answer():
+    prompt = tuple(encode("Q:"))
+    call = "```python\nprint(2)\n```\n"
+    box = toolbox({"print(2)": Result("2" * 30)})
+    # the observation does not fit: cut at the limit, the answer ends unfinished
+    generate, _ = scripted({prompt: [call, "never asked"]})
+    (c,) = run_turns(generate, encode, decode, box, [prompt], [1], len(call) + 5, max_turns=4)
+    assert len(c.token_ids) == len(call) + 5 and not c.finished
+    assert list(c.mask) == [True] * len(call) + [False] * 5
+    # a turn cut at the limit: its tokens up to it, all the model's, no call made
+    generate, _ = scripted({prompt: [call]})
+    (c,) = run_turns(generate, encode, decode, box, [prompt], [1], 10, max_turns=4)
+    assert list(c.token_ids) == encode(call)[:10] and list(c.mask) == [True] * 10
+    assert c.calls == () and c.text == call[:10]
+
+
+def test_calls_past_max_turns_end_the_answer_and_untagged_blocks_go_on():
+    prompt = tuple(encode("Q:"))
+    call = "```python\nprint(2)\n```\n"
+    generate, _ = scripted({prompt: ["Plan:\n```\n", call, call, "never asked"]})
+    (c,) = run_turns(generate, encode, decode, toolbox({"print(2)": Result("2\n")}), [prompt],
+                     [1], 500, max_turns=1)
+    assert c.calls == ("ok",) and not c.finished
+    assert sum(not m for m in c.mask) == len(observation(Result("2\n"), 40))
+
+
+def test_observation_tokens_stay_out_of_the_loss_whatever_their_log_probs():
+    # 2 model tokens, 3 observation tokens, 1 model token; absurd behaviour log-probs where the
+    # observation stands: neither the weights nor the loss mask nor the mismatch sees them
+    mask = (True, True, False, False, False, True)
+    s = Sample((5, 6, 7, 8, 9, 10), "", replay=False, finished=True,
+               logprobs=(-1.0, -2.0, 50.0, 50.0, 50.0, -1.5), mask=mask)
+    old = [torch.tensor([-1.2, -2.0, -3.0, -3.0, -3.0, -1.0])]
+    seen = correction.model_tokens([s], old)
+    assert seen[0].logprobs == pytest.approx((-1.0, -2.0, -3.0, -3.0, -3.0, -1.5))
+
+    token = CorrectionConfig(is_level="token", is_threshold=2.0)  # truncated weights, cap 2
+    weights, kept, _ = correction.batch_correction(old, [seen[0].logprobs], [False], token)
+    expected = torch.tensor([min(torch.exp(torch.tensor(-0.2)).item(), 2), 1, 1, 1, 1,
+                             min(torch.exp(torch.tensor(0.5)).item(), 2)])
+    assert torch.allclose(weights[0], expected)
+    kept = correction.without_observations(kept, [s])
+    assert kept[0].tolist() == list(mask)
+    assert correction.without_observations(None, [s])[0].tolist() == list(mask)
+    batch = SequenceBatch([[1, 2, 3] + list(s.response_ids)], [3], kept=kept)
+    micro = collate(batch, [0], torch.device("cpu"))
+    # position t predicts token t + 1: the response's tokens sit at 2..7 of the labels
+    assert micro.loss_mask[0].tolist() == [False, False] + list(mask) + [False]
+    assert int(micro.loss_mask.sum()) == 3  # the loss's token count: the model's tokens
+    behaviour, actor = correction.model_parts([s], old)
+    assert behaviour == [[-1.0, -2.0, -1.5]] and actor[0].tolist() == pytest.approx([-1.2, -2.0, -1.0])
+
+
+@pytest.mark.timeout(120)
+def test_hostile_calls_become_short_observations_and_the_rest_of_the_batch_runs(tmp_path):
+    os.environ["RLEP_TEST_SECRET"] = "hunter2"
+    outside = tmp_path / "written"
+    calls = [("python", "print(6 * 7)"),
+             ("python", "while True:\n    pass"),
+             ("python", "print('x' * 10_000_000)"),
+             ("python", "import os\nwhile True:\n    os.fork()"),
+             ("python", f"import os\nprint(dict(os.environ))\nopen({str(outside)!r}, 'w')"),
+             ("python", "print(1 / 0)"),
+             ("python", "import time\ntime.sleep(60)")]
+    box = Toolbox(["python"], timeout_s=2.0, output_chars=200)
+    try:
+        results = box.run(calls)
+    finally:
+        del os.environ["RLEP_TEST_SECRET"]
+    # the loop ends at its CPU limit; the bomb at the process cap, its forks failing
+    assert [r.status for r in results] == ["ok", "timeout", "output", "error", "error", "error",
+                                              "timeout"]
+    assert results[0].output == "42\n"
+    assert "TimeoutError" in results[1].output and "OutputError" in results[2].output
+    assert "hunter2" not in results[4].output and "RLEP_TEST_SECRET" not in results[4].output
+    assert not outside.exists()  # nothing outside the sandbox changes
+    assert results[5].output.endswith("ZeroDivisionError: division by zero")
+    for r in results:
+        assert len(observation(r, 200)) < 400
+    assert box.seconds < 2.0 + 3  # at once: two calls of 2 s each, one after another 4 s
+
+
+def test_a_tool_using_answer_goes_through_the_pool_with_its_mask(tmp_path):
+    from megatron_rlep.data import Example
+    from megatron_rlep.pool import Answer, ExperiencePool
+
+    ex = Example("q1", ({"role": "user", "content": "Compute 2+3."},), "5", "arithmetic")
+    mask = (True, True, False, False, True, True)
+    answer = Answer("Answer: 5", 0, (11, 12, 13, 14, 15, 0), (-1.0, -1.0, 0.0, 0.0, -1.0, -1.0),
+                    "", mask)
+    pool = ExperiencePool({}, "live")
+    pool.add(ex, [answer, Answer("plain 5", 0, (16, 0), (-1.0, -1.0))], cap=4)
+    pool.write(tmp_path / "pool", {"test": True})
+    back = ExperiencePool.load(tmp_path / "pool")
+    got = back.trajectory(ex, "Answer: 5")
+    assert got.mask == mask and got.token_ids == answer.token_ids
+    assert back.trajectory(ex, "plain 5") is None  # no observations: replayed as before
+
+    class Tok:
+        eos_token_id = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+    sample = replay_sample(got.text, Tok(), 100, (list(got.token_ids), []), (), got.mask)
+    assert sample.mask == mask and sample.response_ids == answer.token_ids and sample.finished
+    assert sample.logprobs == ()  # on-policy: no stored log-probs used
+    cut = replay_sample(got.text, Tok(), 4, (list(got.token_ids), []), (), got.mask)
+    assert cut.mask == mask[:4] and cut.text == "11 12" and not cut.finished
