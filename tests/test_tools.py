@@ -10,6 +10,7 @@ import torch
 from megatron_rlep import correction
 from megatron_rlep.actor.batch import SequenceBatch, collate
 from megatron_rlep.config import CorrectionConfig
+from megatron_rlep.errors import RunError
 from megatron_rlep.groups import Sample, replay_sample
 from megatron_rlep.rollout.base import Completion, request_seed
 from megatron_rlep.rollout.tools import (STOP, Result, Toolbox, call_of, observation,
@@ -201,3 +202,19 @@ def test_a_tool_using_answer_goes_through_the_pool_with_its_mask(tmp_path):
     assert sample.logprobs == ()  # on-policy: no stored log-probs used
     cut = replay_sample(got.text, Tok(), 4, (list(got.token_ids), []), (), got.mask)
     assert cut.mask == mask[:4] and cut.text == "11 12" and not cut.finished
+
+
+def test_a_users_own_tool_is_called_for_blocks_of_its_name(tmp_path, monkeypatch):
+    (tmp_path / "my_tools.py").write_text(
+        "CONSTANTS = {'avogadro': '6.02214076e23 /mol'}\n"
+        "def lookup(text):\n    return CONSTANTS[text.strip().lower()]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    box = Toolbox(["my_tools:lookup"])
+    assert call_of("```lookup\nAvogadro\n```\n") == ("lookup", "Avogadro")
+    found, missing = box.run([("lookup", "Avogadro"), ("lookup", "pi")])
+    assert found == Result("6.02214076e23 /mol")
+    assert missing == Result("KeyError: 'pi'", "error")  # the model reads why
+    with pytest.raises(RunError, match="'my_tools:nothing' does not import"):
+        Toolbox(["my_tools:nothing"])
+    with pytest.raises(RunError, match="'bash' is unknown"):
+        Toolbox(["bash"])
