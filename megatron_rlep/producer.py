@@ -126,10 +126,24 @@ class Producer:
         else:
             self.stream = RolloutStream(self.segment, r.segment_tokens if r.partial else
                                         r.max_response_length, r.max_response_length,
-                                        a.max_staleness) if streaming(cfg) else None
+                                        a.max_staleness, self._turns()) if streaming(cfg) else None
         self.prompts = PromptStream(train_set, cfg.seed)
         self.pass_rates = PassRates()  # the replay strategies' running pass rates
         self.unscored = 0  # answers left out of their groups this step (the sandbox failed)
+
+    def _turns(self):
+        """The stream's tools (``rollout/tools.py`` ``Turns``), None without: the engine's
+        toolbox, or one of this rank's where it has no engine."""
+        r = self.cfg.rollout
+        if not r.tools:
+            return None
+        from megatron_rlep.rollout.tools import Toolbox, Turns
+
+        toolbox = getattr(self.engine, "toolbox", None) or Toolbox(
+            list(r.tools), r.tool_timeout_s, r.tool_output_chars, r.tool_workers)
+        return Turns(toolbox, lambda text: self.tokenizer(text, add_special_tokens=False)[
+            "input_ids"], lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            r.max_turns)
 
     def state(self) -> dict:
         """What a checkpoint keeps of the producer (the live pool is saved beside it)."""
@@ -316,17 +330,21 @@ class Producer:
     def _landed(self, flight: Flight) -> Group:
         """A finished flight as its group, the fresh answers as samples."""
         group = flight.payload
-        group.samples = [Sample(tuple(a.token_ids),
-                                self.tokenizer.decode(a.token_ids, skip_special_tokens=True),
-                                replay=False, finished=a.finished, logprobs=tuple(a.logprobs),
-                                versions=tuple(a.versions)) for a in flight.answers]
+        tools = self.stream.turns is not None
+        group.samples = [Sample(tuple(a.token_ids), self.tokenizer.decode(  # the model's text
+            [t for t, m in zip(a.token_ids, a.mask) if m], skip_special_tokens=True),
+            replay=False, finished=a.finished, logprobs=tuple(a.logprobs),
+            versions=tuple(a.versions), mask=tuple(a.mask) if tools else (),
+            calls=tuple(a.calls)) for a in flight.answers]
         return group
 
     def segment(self, prompts: list, counts: list[int], seed: int, max_tokens: int) -> list:
         """The colocated rollout stream's engine: one segment of every prompt's answers."""
         r = self.cfg.rollout
+        stop = {"stop": self.stream.turns.stop} if self.stream.turns is not None else {}
         return generate_sharded(self.engine, prompts, counts, r.tensor_parallel, seed=seed,
-                                temperature=r.temperature, top_p=r.top_p, max_tokens=max_tokens)
+                                temperature=r.temperature, top_p=r.top_p, max_tokens=max_tokens,
+                                **stop)
 
     def staleness_metrics(self, groups: list[Group], version: int) -> dict:
         """How many versions behind the trained fresh tokens were (each token against the

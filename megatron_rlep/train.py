@@ -267,7 +267,9 @@ class Trainer:
 
     def tool_seconds(self) -> float:
         """Seconds this rank's engine has spent running tool calls (0 without tools)."""
-        toolbox = getattr(getattr(self.rollout, "engine", None), "toolbox", None)
+        turns = getattr(self.producer.stream, "turns", None)
+        toolbox = turns.toolbox if turns is not None else \
+            getattr(getattr(self.rollout, "engine", None), "toolbox", None)
         return toolbox.seconds if toolbox is not None else 0.0
 
     def sync_weights(self, version: int) -> dict:

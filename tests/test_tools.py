@@ -218,3 +218,46 @@ def test_a_users_own_tool_is_called_for_blocks_of_its_name(tmp_path, monkeypatch
         Toolbox(["my_tools:nothing"])
     with pytest.raises(RunError, match="'bash' is unknown"):
         Toolbox(["bash"])
+
+
+def test_in_the_rollout_stream_a_call_whose_end_falls_across_two_segments_runs_once():
+    """Asynchronous rollout: answers grow 4 tokens a segment, under versions 0, 1, 2...; the
+    end of the code block straddles two segments (the engine sees only new text, so it does not
+    stop): the answer is cut right after it, the call runs, and the answer goes on after the
+    output under whatever version is current, each token tagged with its version."""
+    from megatron_rlep.rollout.stream import Flight, RolloutStream
+    from megatron_rlep.rollout.tools import Turns
+
+    prompt = tuple(encode("Q:"))
+    call = "```python\nprint(2)\n```\n"  # its STOP spans characters 18-22: segments 5 and 6
+
+    def engine(prompts, counts, seeds, max_tokens):  # a model that answers 9 without the tool
+        out = []
+        for context in prompts:
+            so_far = decode(context[len(prompt):])
+            plan = "Answer: 2\x00" if "```output" in so_far else call + "Answer: 9\x00"
+            done = len(so_far) - (so_far.rindex("```\n") + 4 if "```output" in so_far else 0)
+            new = plan[done:done + max_tokens]
+            cut = new.find(STOP)
+            new = new[:cut + len(STOP)] if cut >= 0 else new
+            ids = [EOS if ch == "\x00" else ord(ch) for ch in new]
+            out.append([Completion(decode(ids), tuple(ids), bool(ids) and ids[-1] == EOS,
+                                   tuple(-0.5 for _ in ids), stopped=cut >= 0)])
+        return out
+
+    box = toolbox({"print(2)": Result("2\n")})
+    stream = RolloutStream(engine, segment=4, max_tokens=100, max_staleness=100,
+                           turns=Turns(box, encode, decode, max_turns=2))
+    stream.dispatch([Flight(0, prompt, 1)], version=0)
+    version = 0
+    while not stream.flights[0].done:
+        stream.advance(version, seed=1)
+        version += 1
+    (a,) = stream.flights[0].answers
+    obs = observation(Result("2\n"), 40)
+    assert decode(a.token_ids) == call + obs + "Answer: 2\x00" and a.finished
+    assert a.mask == [True] * len(call) + [False] * len(obs) + [True] * 10
+    assert a.calls == ["ok"]
+    # the call's last segment (version 5) was cut after the fence; the output joined at 5 too
+    assert a.versions == [k // 4 for k in range(len(call))] + [5] * len(obs) + \
+        [6 + k // 4 for k in range(10)]

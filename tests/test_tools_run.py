@@ -1,6 +1,7 @@
 """A run with a Python tool in the loop, for real: the built-in model on the built-in calculator
-task builds a pool of tool-using answers (tools/build_pool.py), an RLEP run replays them with
-their masks, is killed with SIGKILL in its second step, and the same command resumes it."""
+task builds a pool of tool-using answers (tools/build_pool.py), an asynchronous RLEP run
+(partial rollouts, one version of staleness) replays them with their masks, is killed with
+SIGKILL in its second step, and the same command resumes it."""
 
 import json
 import os
@@ -43,6 +44,8 @@ def test_a_tool_run_replays_its_pools_trajectories_and_resumes_after_kill_9(tmp_
            "algorithm.prompts_per_rollout=2", "algorithm.prompts_per_update=2",
            "algorithm.rollouts_per_prompt=2", "algorithm.replay_per_prompt=1",
            f"algorithm.pool={pool_dir}", "algorithm.total_steps=2", "data.eval_size=2",
+           # asynchronous: answers grow 16 tokens a segment, a weight update between turns
+           "algorithm.max_staleness=1", "rollout.partial=true", "rollout.segment_tokens=16",
            "logging.eval_every=0", "logging.save_every=1", "logging.keep_checkpoints=1",
            "logging.wandb=disabled", "logging.progress=false", "logging.dump_batches=true",
            f"run_dir={run_dir}"]
@@ -70,6 +73,8 @@ def test_a_tool_run_replays_its_pools_trajectories_and_resumes_after_kill_9(tmp_
                     (a,) = [a for a in answers if a.text == s["text"]]
                     assert s["response_ids"] == list(a.token_ids)
                     assert s["mask"] == [int(m) for m in a.mask]
-                elif "mask" in s:
-                    assert len(s["mask"]) == len(s["response_ids"]) == len(s["logprobs"])
+                else:
+                    assert len(s["mask"]) == len(s["response_ids"]) == len(s["logprobs"]) == \
+                        len(s["versions"])
                     assert all(lp == 0.0 for lp, m in zip(s["logprobs"], s["mask"]) if not m)
+                    assert all(step - 1 <= v <= step for v in s["versions"])

@@ -43,6 +43,11 @@ class Answer:
     versions: list = field(default_factory=list)  # the policy version of each token
     finished: bool = False  # ended on an end-of-sequence id
     done: bool = False  # finished, or at the response limit
+    # with tools (rollout/tools.py, ``Turns``): the model's tokens (True) and the observations'
+    # (False), each call's status, and where the current turn's tokens start
+    mask: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
+    turn: int = 0
 
 
 @dataclass
@@ -71,8 +76,9 @@ def lags(flights: list, version: int) -> Counter:
 
 
 class RolloutStream:
-    def __init__(self, generate, segment: int, max_tokens: int, max_staleness: int):
+    def __init__(self, generate, segment: int, max_tokens: int, max_staleness: int, turns=None):
         self.generate, self.segment, self.max_tokens = generate, segment, max_tokens
+        self.turns = turns  # tools in the loop (rollout/tools.py ``Turns``), or None
         self.max_staleness = max_staleness
         self.flights: list[Flight] = []
         self.regenerated = 0  # flights started again for staleness, since the last count
@@ -111,8 +117,11 @@ class RolloutStream:
         limits = [self.max_tokens - len(a.token_ids) for a in targets]
         segment = min(self.segment, max(limits))
         results = self.generate(prompts, [1] * len(prompts), seeds, segment)
-        return sum(extend(answer, completions[0], version, min(segment, limit), limit)
-                   for answer, limit, completions in zip(targets, limits, results))
+        sampled = sum(extend(answer, completions[0], version, min(segment, limit), limit)
+                      for answer, limit, completions in zip(targets, limits, results))
+        if self.turns is not None:  # code blocks ended: their calls run, outputs appended
+            self.turns.after(targets, version, self.max_tokens)
+        return sampled
 
     def restart(self, flight: Flight, version: int) -> None:
         """``flight`` sampled again from its start (too stale to train), counted."""
@@ -147,6 +156,9 @@ def extend(answer: Answer, completion: Completion, version: int, asked: int, lim
     answer.token_ids += ids
     answer.logprobs += list(completion.logprobs)
     answer.versions += [version] * len(ids)
+    answer.mask += [True] * len(ids)
     answer.finished = completion.finished
-    answer.done = completion.finished or len(ids) >= limit or len(ids) < asked
+    # an answer stopped at the end of a code block goes on after its tool's output
+    answer.done = completion.finished or len(ids) >= limit or \
+        (len(ids) < asked and not completion.stopped)
     return len(ids)

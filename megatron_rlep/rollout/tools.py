@@ -38,6 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import torch.distributed as dist
+
 from megatron_rlep.errors import RunError
 from megatron_rlep.rollout.base import Completion, counts_and_seeds, request_seed
 
@@ -138,13 +140,21 @@ class Toolbox:
         self.output_chars, self.workers = output_chars, workers
         self.seconds = 0.0  # time spent running calls, summed over turns (not over calls)
 
-    def run(self, calls: list[tuple[str, str]]) -> list[Result]:
-        """Every (tag, code) call at once, in order."""
+    def run(self, calls: list[tuple[str, str]], collective: bool = False) -> list[Result]:
+        """Every (tag, code) call at once, in order. ``collective``: every rank holds the same
+        calls; rank 0 runs them and every rank gets its results (a program's output may differ
+        from run to run, and ranks must append the same tokens)."""
         if not calls:
             return []
         start = time.perf_counter()
-        with ThreadPoolExecutor(max(1, min(self.workers, len(calls)))) as pool:
-            out = list(pool.map(lambda call: self.tools[call[0]](call[1]), calls))
+        out = None
+        if not collective or not dist.is_initialized() or dist.get_rank() == 0:
+            with ThreadPoolExecutor(max(1, min(self.workers, len(calls)))) as pool:
+                out = list(pool.map(lambda call: self.tools[call[0]](call[1]), calls))
+        if collective and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [out]
+            dist.broadcast_object_list(box, src=0)
+            out = box[0]
         self.seconds += time.perf_counter() - start
         return out
 
@@ -211,6 +221,55 @@ def run_turns(generate, encode, decode, toolbox: Toolbox, prompts: list[tuple],
     return [a.completion() for a in answers]
 
 
+class Turns:
+    """Answers grown turn by turn in the rollout stream (``rollout/stream.py``), a segment at a
+    time. After each segment an answer whose current turn holds the end of a code block is cut
+    right after the token that completes it (the engine stops there, but the end may also fall
+    across two segments), and when the block is a tool's, the call runs and its observation is
+    appended, tagged with the version current then (never trained: masked)."""
+
+    stop = (STOP,)
+
+    def __init__(self, toolbox: Toolbox, encode, decode, max_turns: int):
+        self.toolbox, self.encode, self.decode, self.max_turns = toolbox, encode, decode, max_turns
+
+    def end_of_block(self, answer) -> int | None:
+        """The length ``answer`` has once cut after the token that completes ``STOP`` in its
+        current turn; None when its turn holds none."""
+        turn = answer.token_ids[answer.turn:]
+        if STOP not in self.decode(turn):
+            return None
+        return answer.turn + next(k for k in range(1, len(turn) + 1)
+                                  if STOP in self.decode(turn[:k]))
+
+    def after(self, answers: list, version: int, max_tokens: int) -> None:
+        calls = []
+        for a in answers:
+            cut = self.end_of_block(a)
+            if cut is None:
+                continue
+            for values in (a.token_ids, a.logprobs, a.versions, a.mask):
+                del values[cut:]
+            text, a.turn = self.decode(a.token_ids[a.turn:]), cut
+            a.finished, a.done = False, cut >= max_tokens
+            call = call_of(text)
+            if a.done or call is None or call[0] not in self.toolbox.tools:
+                continue
+            if len(a.calls) >= self.max_turns:
+                a.done = True
+            else:
+                calls.append((a, call))
+        for (a, _), result in zip(calls, self.toolbox.run([c for _, c in calls], collective=True)):
+            a.calls.append(result.status)
+            ids = list(self.encode(observation(result, self.toolbox.output_chars)))
+            ids = ids[:max_tokens - len(a.token_ids)]
+            a.token_ids += ids
+            a.logprobs += [0.0] * len(ids)
+            a.versions += [version] * len(ids)
+            a.mask += [False] * len(ids)
+            a.turn, a.done = len(a.token_ids), len(a.token_ids) >= max_tokens
+
+
 class ToolEngine:
     """An engine whose answers may call tools: ``generate`` as any engine's (``n`` answers per
     prompt, per-prompt seeds; the j-th answer of a prompt seeded as the engine seeds it), each
@@ -223,7 +282,13 @@ class ToolEngine:
         return getattr(self.engine, name)
 
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, seed=0,
-                 progress=False) -> list[list[Completion]]:
+                 progress=False, stop=None) -> list[list[Completion]]:
+        """Whole multi-turn answers; with ``stop`` one turn (or segment) of the wrapped engine's,
+        for a caller that grows its answers itself (the rollout stream, ``Turns``)."""
+        if stop is not None:
+            return self.engine.generate(prompts, n, temperature=temperature, top_p=top_p,
+                                        max_tokens=max_tokens, seed=seed, progress=progress,
+                                        stop=stop)
         tokenizer = self.engine.tokenizer
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
         jobs = [(i, seeds[i] + j) for i, c in enumerate(counts) for j in range(c)]
