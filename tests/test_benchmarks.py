@@ -1,8 +1,8 @@
 """benchmarks/ holds the scripts that reproduce a current figure of the docs, and each runs at a
 tiny size in a test, so none can silently rot: which test runs which script (``TINY_RUNS``,
 checked against the folder), and the tiny runs of the scripts that have no test file of their
-own: the CPU step, the rollout engines, pool building, replay's step cost, the reward tool and
-the sandbox. Each runs as a subprocess on a random 2-layer model (tests/helpers/tiny.py) or a
+own: the CPU step, the rollout engines, pool building, replay's step cost, the reward tool, the
+sandbox and the tools' calls at once. Each runs as a subprocess on a random 2-layer model (tests/helpers/tiny.py) or a
 handful of rows, and its figures are checked for being there and making sense, not for their
 values. The studies (studies/) are tested where their own tests are."""
 
@@ -34,6 +34,7 @@ TINY_RUNS = {
     "sandbox_throughput.py": "test_benchmarks.py",
     "score_throughput.py": "test_benchmarks.py",
     "step_profile.py": "test_step_profile.py",
+    "tool_calls.py": "test_benchmarks.py",
 }
 
 
@@ -81,6 +82,13 @@ def test_the_sandbox_runs_programs_answers_and_the_judge():
                                for t in ("check", "pytest")}
     assert all(row[way]["per_s"] > 0 for row in r["judge"].values()
                for way in ("judge", "one_process"))
+
+
+def test_tool_calls_at_once_and_one_after_another_make_the_same_answers():
+    r = last_json(run("tool_calls.py", "--engine", "transformers", "--questions", 2,
+                      "--samples", 1, "--max-tokens", 40, "--repeats", 1, timeout=240))
+    assert r["answers"] == 2 and r["calls"] >= 1  # the built-in model calls the tool
+    assert r["serial_tools_s"]["median"] > 0 and r["rollout_s_serial_over_parallel"] > 0
 
 
 @pytest.mark.e2e
