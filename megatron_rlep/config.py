@@ -399,10 +399,6 @@ class Config:
             raise ConfigError(f"config key {what}, so their tokens come from older policies; set "
                               "algorithm.max_staleness to 1 or more (how many versions behind a "
                               "trained token may be).")
-        if r.tools and r.placement == "disaggregated":
-            raise ConfigError("config key rollout.tools runs its calls on the learners' engines "
-                              "only; set rollout.placement=colocated (rollout ranks of their own "
-                              "do not run tools yet).")
         if r.placement == "disaggregated" and r.ranks < 1:
             raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
                               "many of the job's ranks run the engines (e.g. rollout.ranks=1).")

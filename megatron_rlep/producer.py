@@ -330,7 +330,7 @@ class Producer:
     def _landed(self, flight: Flight) -> Group:
         """A finished flight as its group, the fresh answers as samples."""
         group = flight.payload
-        tools = self.stream.turns is not None
+        tools = bool(self.cfg.rollout.tools)
         group.samples = [Sample(tuple(a.token_ids), self.tokenizer.decode(  # the model's text
             [t for t, m in zip(a.token_ids, a.mask) if m], skip_special_tokens=True),
             replay=False, finished=a.finished, logprobs=tuple(a.logprobs),

@@ -265,12 +265,13 @@ class Trainer:
             self.actor.offload()
         return results, mismatch
 
-    def tool_seconds(self) -> float:
-        """Seconds this rank's engine has spent running tool calls (0 without tools)."""
+    def tool_seconds(self) -> float | None:
+        """Seconds this rank's engine has spent running tool calls; None where it runs none
+        (no tools, or rollout ranks of their own run them)."""
         turns = getattr(self.producer.stream, "turns", None)
         toolbox = turns.toolbox if turns is not None else \
             getattr(getattr(self.rollout, "engine", None), "toolbox", None)
-        return toolbox.seconds if toolbox is not None else 0.0
+        return toolbox.seconds if toolbox is not None else None
 
     def sync_weights(self, version: int) -> dict:
         """The actor's weights (policy ``version``: the updates applied) into the engines:
@@ -379,7 +380,8 @@ class Trainer:
                     metrics["val/best_kept"] = float(self.checkpoints.keep_best(
                         self.actor, self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
-                metrics.update(_tool_metrics(groups, self.tool_seconds() - tools0, t1 - t0))
+                metrics.update(_tool_metrics(groups, None if tools0 is None else
+                                             self.tool_seconds() - tools0, t1 - t0))
                 if self.stream is not None:  # asynchronous: each side's waits on the other
                     metrics.update(stale)
                     metrics.update(self.rollout.waits(t1 - t0, info["generating_s"],
@@ -520,10 +522,11 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
     return out
 
 
-def _tool_metrics(groups: list[Group], tools_s: float, rollout_s: float) -> dict:
+def _tool_metrics(groups: list[Group], tools_s: float | None, rollout_s: float) -> dict:
     """With tools: calls per fresh answer, the share of answers that call one, the share of
     calls that ran without error, observation tokens per answer, and the share of the step's
-    rollout spent running calls (this rank's engine's)."""
+    rollout spent running calls (this rank's engine's; None on learners whose rollout ranks
+    run them)."""
     fresh = [s for g in groups for s in g.samples if not s.replay]
     if not any(s.mask for s in fresh):
         return {}
@@ -532,7 +535,8 @@ def _tool_metrics(groups: list[Group], tools_s: float, rollout_s: float) -> dict
             "tools/answers_calling": mean_or_none(bool(s.calls) for s in fresh),
             "tools/ok_share": mean_or_none(c == "ok" for c in calls),
             "tools/observation_tokens": mean_or_none(len(s.mask) - sum(s.mask) for s in fresh),
-            "time/tools_s": tools_s, "tools/time_share": tools_s / rollout_s if rollout_s else None}
+            "time/tools_s": tools_s,
+            "tools/time_share": tools_s / rollout_s if rollout_s and tools_s is not None else None}
 
 
 def _dump(path: Path, groups: list[Group]) -> None:

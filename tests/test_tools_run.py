@@ -1,7 +1,8 @@
 """A run with a Python tool in the loop, for real: the built-in model on the built-in calculator
 task builds a pool of tool-using answers (tools/build_pool.py), an asynchronous RLEP run
 (partial rollouts, one version of staleness) replays them with their masks, is killed with
-SIGKILL in its second step, and the same command resumes it."""
+SIGKILL in its second step, and the same command resumes it; then a step with the engine on a
+rollout rank of its own."""
 
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
-from launch import env  # noqa: E402
+from launch import env, launcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ["rollout.tools=[python]", "rollout.max_turns=2", "rollout.max_response_length=64",
@@ -78,3 +79,17 @@ def test_a_tool_run_replays_its_pools_trajectories_and_resumes_after_kill_9(tmp_
                         len(s["versions"])
                     assert all(lp == 0.0 for lp, m in zip(s["logprobs"], s["mask"]) if not m)
                     assert all(step - 1 <= v <= step for v in s["versions"])
+
+    # the same on a rollout rank of its own: its engine runs the calls, masks cross the bridge
+    apart = tmp_path / "apart"
+    argv = [*launcher(2), *[a for a in cmd[1:] if not a.startswith(("run_dir=", "algorithm.total"))],
+            "rollout.placement=disaggregated", "rollout.ranks=1", "algorithm.total_steps=1",
+            f"run_dir={apart}"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env(argv),
+                          timeout=scaled(400))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (line,) = [json.loads(x) for x in (apart / "metrics.jsonl").read_text().splitlines()]
+    assert line["tools/calls_per_answer"] > 0 and line["tools/time_share"] is None
+    groups = json.loads((apart / "batches" / "step-000000.json").read_text())
+    fresh = [s for g in groups for s in g["samples"] if not s["replay"]]
+    assert any(not m for s in fresh for m in s["mask"])  # observations, masked, from the rank

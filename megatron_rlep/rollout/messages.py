@@ -62,8 +62,9 @@ class Stop:
 
 @dataclass(frozen=True)
 class Landed:
-    """Finished flights, (position, [(token ids, log-probs, versions, finished)]) each, with the
-    seconds the engine waited since its last report and its memory where it measured it."""
+    """Finished flights, (position, [(token ids, log-probs, versions, finished, mask, tool
+    calls)]) each (``rollout/stream.py``'s ``Answer``), with the seconds the engine waited since
+    its last report and its memory where it measured it."""
     flights: list
     idle: float = 0.0
     memory: dict = field(default_factory=dict)

@@ -363,8 +363,9 @@ class RemoteStream(RolloutStream):
         for position, answers in landed:
             flight = by_position.get(position)
             if flight is not None and not flight.done:
-                flight.answers = [Answer(list(ids), list(lp), list(v), fin, True)
-                                  for ids, lp, v, fin in answers]
+                flight.answers = [Answer(list(ids), list(lp), list(v), fin, True, list(mask),
+                                         list(calls))
+                                  for ids, lp, v, fin, mask, calls in answers]
                 tokens += sum(len(a.token_ids) for a in flight.answers)
         return tokens
 
@@ -556,7 +557,7 @@ class RolloutRank:
         self.reader = index % r.tensor_parallel == 0  # it alone reads the bridge and reports
         self.stream = RolloutStream(self._generate, r.segment_tokens if r.partial else
                                     r.max_response_length, r.max_response_length,
-                                    cfg.algorithm.max_staleness)
+                                    cfg.algorithm.max_staleness, self._turns())
         self.version = 0
         self.idle = 0.0  # seconds without work or loading weights since the last report
         # host_memory.metrics once the engine is up and after each load of weights (tcmalloc's
@@ -580,10 +581,22 @@ class RolloutRank:
                 mine = (group, first)
         return mine
 
+    def _turns(self):
+        """Tools in the loop (``rollout/tools.py``): this engine runs its answers' calls."""
+        if not self.r.tools:
+            return None
+        from megatron_rlep.rollout.tools import Turns
+
+        tokenizer = self.engine.tokenizer
+        return Turns(self.engine.toolbox, lambda text: tokenizer(
+            text, add_special_tokens=False)["input_ids"],
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.r.max_turns)
+
     def _generate(self, prompts, counts, seeds, max_tokens):
         r = self.r
+        stop = {"stop": self.stream.turns.stop} if self.stream.turns is not None else {}
         return self.engine.generate(prompts, counts, seed=seeds, temperature=r.temperature,
-                                    top_p=r.top_p, max_tokens=max_tokens)
+                                    top_p=r.top_p, max_tokens=max_tokens, **stop)
 
     def next_message(self, busy: bool):
         """The learner's next message for this engine, or None to go on sampling: its reader
@@ -655,7 +668,8 @@ class RolloutRank:
         self.stream.advance(self.version, self.cfg.seed)
         landed = self.stream.take(len(self.stream.flights), self.version)
         if landed and self.reader:
-            self.say(m.Landed([(f.position, [(a.token_ids, a.logprobs, a.versions, a.finished)
+            self.say(m.Landed([(f.position, [(a.token_ids, a.logprobs, a.versions, a.finished,
+                                              a.mask, a.calls)
                                              for a in f.answers]) for f in landed],
                               self.idle, self.memory))
             self.idle, self.memory = 0.0, {}
