@@ -97,6 +97,10 @@ class CorrectionConfig:
     # the groups' mean and spread: plain | weighted (fresh answers weighted by their sequence
     # ratio pi_old / pi_behaviour within [1/C, C]: the baseline of the policy being trained)
     baseline: str = one_of("plain", "weighted", default="plain")
+    # M2PO (arXiv 2510.01161): the fresh tokens with the largest squared log-ratio
+    # log(pi_old / pi_behaviour)^2 leave the loss until the rest's mean is at most this (the
+    # paper's tau = 0.04); null: off
+    m2_threshold: Optional[float] = at_least(0.0, default=None)
     # null | token | sequence | geometric [rollout_rs]
     rs_level: Optional[str] = one_of("token", "sequence", "geometric", default=None)
     # upper bound; null: is_threshold [rollout_rs_threshold]
@@ -183,7 +187,8 @@ class AlgorithmConfig:
                 f"config key algorithm.prompts_per_update={self.prompts_per_update} does "
                 f"not divide algorithm.prompts_per_rollout={self.prompts_per_rollout}; "
                 f"pick a divisor so every update sees whole groups.")
-        if self.old_logp == "rollout" and (c.is_level is not None or c.rs_level is not None):
+        if self.old_logp == "rollout" and (c.is_level is not None or c.rs_level is not None or
+                                           c.m2_threshold is not None):
             raise ConfigError("config key algorithm.old_logp=rollout makes the engine's log-probs "
                               "the old policy's, so algorithm.correction has no mismatch left to "
                               "correct; unset algorithm.correction.is_level and rs_level, or use "

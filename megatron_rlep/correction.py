@@ -94,7 +94,26 @@ def sequence_correction(old: torch.Tensor, behaviour: torch.Tensor, is_level: Op
 def active(cfg) -> bool:
     """Whether an ``algorithm.correction`` section changes any token's loss or advantage."""
     return cfg.is_level is not None or cfg.rs_level is not None or cfg.replay != "on_policy" \
-        or cfg.baseline != "plain"
+        or cfg.baseline != "plain" or getattr(cfg, "m2_threshold", None) is not None
+
+
+def m2_mask(log_ratios: list[torch.Tensor], threshold: float) -> tuple[list[torch.Tensor], float]:
+    """M2PO's mask over a batch's tokens (one tensor of log(pi_old / pi_behaviour) per
+    sequence): the tokens of largest squared log-ratio leave, largest first, until the mean
+    square of the rest is at most ``threshold``; (kept per sequence, the batch's mean square
+    before). A batch already within the threshold keeps every token."""
+    squares = torch.cat([r.double() ** 2 for r in log_ratios]) if log_ratios else torch.zeros(0)
+    if not len(squares):
+        return [torch.ones(0, dtype=torch.bool) for _ in log_ratios], 0.0
+    order = squares.argsort(descending=True)
+    left = squares.sum() - torch.cat([torch.zeros(1, dtype=squares.dtype),
+                                      squares[order].cumsum(0)])[:-1]
+    # mean of what is left after leaving out the k largest, k = 0 .. n - 1
+    means = left / torch.arange(len(squares), 0, -1, dtype=squares.dtype)
+    k = int((means > threshold).long().cumprod(0).sum())  # the first k that satisfies it
+    kept = torch.ones(len(squares), dtype=torch.bool)
+    kept[order[:k]] = False
+    return list(kept.split([len(r) for r in log_ratios])), squares.mean().item()
 
 
 def batch_correction(old: list[torch.Tensor], behaviour: list, replay: list[bool], cfg
@@ -132,8 +151,19 @@ def batch_correction(old: list[torch.Tensor], behaviour: list, replay: list[bool
         weights.append(w)
         kept.append(k)
         stats["replay" if is_replay else "fresh"].append((w, k, raw))
-    return weights, kept, _metrics(stats, cfg.is_threshold if cfg.is_level or replay_mode ==
-                                   "stored" else None)
+    out = {}
+    fresh = [i for i, (beh, is_replay) in enumerate(zip(behaviour, replay))
+             if not is_replay and len(beh)]
+    if getattr(cfg, "m2_threshold", None) is not None and fresh:
+        ratios = [old[i].detach().double().cpu() - torch.tensor(behaviour[i], dtype=torch.float64)
+                  for i in fresh]
+        masks, second_moment = m2_mask(ratios, cfg.m2_threshold)
+        for i, mask in zip(fresh, masks):
+            kept[i] = kept[i] & mask
+        out = {"correction/fresh/m2": second_moment,
+               "correction/fresh/m2_masked_fraction": 1 - torch.cat(masks).float().mean().item()}
+    return weights, kept, {**_metrics(stats, cfg.is_threshold if cfg.is_level or replay_mode ==
+                                      "stored" else None), **out}
 
 
 def _metrics(stats: dict, threshold: Optional[float]) -> dict:

@@ -448,6 +448,9 @@ def correction_line(c) -> str:
                 "(algorithm.correction.is_level=token adds them)")
     if c.rs_level:
         what += f", {c.rs_level}-level rejection"
+    if c.m2_threshold is not None:
+        what += (f", the tokens of largest squared log-ratio left out until the rest's mean is "
+                 f"at most {c.m2_threshold:g} (M2PO, algorithm.correction.m2_threshold)")
     if c.baseline == "weighted":
         what += ", group baselines weighted to the trained policy (algorithm.correction.baseline)"
     return what

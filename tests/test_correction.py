@@ -226,3 +226,32 @@ def test_a_live_pool_answer_carries_the_version_that_sampled_it(tmp_path):
         algorithm=SimpleNamespace(replay=SimpleNamespace(cap=4))))
     Producer.refresh_pool(producer, [Group(ex, (1,), [], 2, [stale, now])], step=5)
     assert producer.pool.versions(ex) == (3, 5)  # sampled at version 3; the step's own
+
+
+def test_m2po_leaves_out_the_largest_squared_log_ratios_until_the_rest_is_within_tau():
+    from megatron_rlep.correction import m2_mask
+
+    # squares 0.25, 0.01, 0, 0.09 (mean 0.0875) and 0.0004: leave out 0.25 and the mean of the
+    # rest is (0.01 + 0 + 0.09 + 0.0004) / 4 = 0.0251
+    ratios = [torch.tensor([0.5, -0.1, 0.0, 0.3]), torch.tensor([0.02])]
+    kept, before = m2_mask(ratios, 0.04)
+    assert before == pytest.approx(0.3504 / 5)
+    assert [k.tolist() for k in kept] == [[False, True, True, True], [True]]
+    # tau 0.02: 0.0251 is still above it; 0.09 leaves too: (0.01 + 0 + 0.0004) / 3 = 0.0035
+    kept, _ = m2_mask(ratios, 0.02)
+    assert [k.tolist() for k in kept] == [[False, True, True, False], [True]]
+    kept, _ = m2_mask(ratios, 0.1)  # within tau already: every token stays
+    assert all(k.all() for k in kept)
+
+
+def test_m2po_masks_the_fresh_tokens_of_a_batch_and_never_a_replays():
+    from megatron_rlep.config import CorrectionConfig
+
+    old = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    behaviour = [[-1.5, -1.0], [], [-3.0]]  # a fresh answer, a replay, a fresh one far off
+    cfg = CorrectionConfig(is_level=None, m2_threshold=0.04)
+    _, kept, metrics = correction.batch_correction(old, behaviour, [False, True, False], cfg)
+    # squares 0.25, 0, 4 over the fresh tokens: 4 leaves (0.125), then 0.25 (0.0)
+    assert [k.tolist() for k in kept] == [[False, True], [True, True], [False]]
+    assert metrics["correction/fresh/m2"] == pytest.approx(4.25 / 3)
+    assert metrics["correction/fresh/m2_masked_fraction"] == pytest.approx(2 / 3)
