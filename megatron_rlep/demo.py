@@ -347,6 +347,8 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
                               "pass@n": evaluation_all["pass@k"][str(evaluation_all["n"])],
                               "maj@n": evaluation_all["maj@k"][str(evaluation_all["n"])],
                               "stderr_mean@n": evaluation_all["stderr"]["mean@n"]}}
+        if any("tools/calls_per_answer" in r for r in steps):
+            runs[run]["tools"] = tool_summary(steps)
     a, data = train.algorithm, train.data
     n_train, n_eval = _sizes(train)
     report = {
@@ -374,6 +376,28 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
     write_json_atomic(report, out / "report.json")
     write_text_atomic(markdown(report), out / "report.md")
     return report
+
+
+def tool_summary(steps: list[dict]) -> dict:
+    """A tool run's calls over its steps (``train._tool_metrics``): per answer, the share that
+    ran without error, and the seconds and share of each step's rollout spent running them."""
+    return {"calls_per_answer": _average(steps, "tools/calls_per_answer"),
+            "ok_share": _average(steps, "tools/ok_share"),
+            "seconds_per_step": _average(steps, "time/tools_s"),
+            "time_share": _average(steps, "tools/time_share"),
+            "per_step": [[r["step"], r["tools/calls_per_answer"], r.get("tools/ok_share")]
+                         for r in steps]}
+
+
+def tool_lines(runs: dict) -> list[str]:
+    """The report's lines on the tools, for the runs that had them."""
+    rows = [f"| {name} | {t['calls_per_answer']:.2f} | {t['ok_share']:.1%} | "
+            f"{t['seconds_per_step']:.2f} s ({t['time_share']:.1%}) |"
+            for name, r in runs.items() if (t := r.get("tools"))]
+    if not rows:
+        return []
+    return ["| run | tool calls per answer | calls without error | a step's rollout in tools |",
+            "|---|---|---|---|", *rows, ""]
 
 
 def markdown(report: dict) -> str:
@@ -410,6 +434,7 @@ def markdown(report: dict) -> str:
               f"{rlep['effective_m']:.2f} replays per group, {rlep['distinct_replays']:.2f} of "
               "them distinct texts.", ""]
     lines += paired_lines(report["paired"])
+    lines += tool_lines(runs)
     if report.get("matched"):
         lines += matched_lines(report["matched"], g_prime)
     p = report["pool"]
