@@ -17,7 +17,7 @@ import speed
 
 FIRST = ("test_rehearsal.py", "test_demo.py", "test_train.py", "test_slurm.py",
          "test_build_pool.py", "test_actor.py", "test_evaluate.py", "test_storage.py",
-         "test_own_task.py")
+         "test_own_task.py", "test_tools_run.py")
 
 
 def pytest_configure(config):
