@@ -366,6 +366,7 @@ class Trainer:
                 stale = producer.staleness_metrics(groups, step) if self.stream is not None \
                     else {}
                 t1 = time.perf_counter()
+                tools_s = None if tools0 is None else self.tool_seconds() - tools0
                 updates, mismatch = self.update(groups) if groups else ([], {})
                 if self.too_many_skipped():
                     self.stop_on_skipped(step)
@@ -380,8 +381,7 @@ class Trainer:
                     metrics["val/best_kept"] = float(self.checkpoints.keep_best(
                         self.actor, self.step, metrics["val/acc"]))
                 metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
-                metrics.update(_tool_metrics(groups, None if tools0 is None else
-                                             self.tool_seconds() - tools0, t1 - t0))
+                metrics.update(_tool_metrics(groups, tools_s, t1 - t0))
                 if self.stream is not None:  # asynchronous: each side's waits on the other
                     metrics.update(stale)
                     metrics.update(self.rollout.waits(t1 - t0, info["generating_s"],
