@@ -3,6 +3,7 @@ sequences, observations out of the loss, hostile tool calls, and tool-using answ
 pool and back."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -173,7 +174,10 @@ def test_hostile_calls_become_short_observations_and_the_rest_of_the_batch_runs(
     assert results[5].output.endswith("ZeroDivisionError: division by zero")
     for r in results:
         assert len(observation(r, 200)) < 400
-    assert box.seconds < 2.0 + 3  # at once: two calls of 2 s each, one after another 4 s
+    sleepers = Toolbox(["python"], timeout_s=5.0)
+    assert [r.output for r in sleepers.run([("python", "import time\ntime.sleep(1)\nprint(1)")]
+                                           * 4)] == ["1\n"] * 4
+    assert sleepers.seconds < 3  # at once: four calls of 1 s each, one after another 4 s
 
 
 def test_a_tool_using_answer_goes_through_the_pool_with_its_mask(tmp_path):
@@ -206,14 +210,19 @@ def test_a_tool_using_answer_goes_through_the_pool_with_its_mask(tmp_path):
 
 def test_a_users_own_tool_is_called_for_blocks_of_its_name(tmp_path, monkeypatch):
     (tmp_path / "my_tools.py").write_text(
-        "CONSTANTS = {'avogadro': '6.02214076e23 /mol'}\n"
-        "def lookup(text):\n    return CONSTANTS[text.strip().lower()]\n")
+        "import time\nCONSTANTS = {'avogadro': '6.02214076e23 /mol'}\n"
+        "def lookup(text):\n    return CONSTANTS[text.strip().lower()]\n"
+        "def wait(text):\n    time.sleep(float(text))\n    return 'awake'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    box = Toolbox(["my_tools:lookup"])
+    box = Toolbox(["my_tools:lookup", "my_tools:wait"], timeout_s=1.0)
     assert call_of("```lookup\nAvogadro\n```\n") == ("lookup", "Avogadro")
     found, missing = box.run([("lookup", "Avogadro"), ("lookup", "pi")])
     assert found == Result("6.02214076e23 /mol")
     assert missing == Result("KeyError: 'pi'", "error")  # the model reads why
+    start = time.monotonic()
+    hung, quick = box.run([("wait", "30"), ("wait", "0")])  # a tool that hangs: a time-out
+    assert hung == Result("TimeoutError: the tool ran longer than 1 s", "timeout")
+    assert quick == Result("awake") and time.monotonic() - start < 5
     with pytest.raises(RunError, match="'my_tools:nothing' does not import"):
         Toolbox(["my_tools:nothing"])
     with pytest.raises(RunError, match="'bash' is unknown"):

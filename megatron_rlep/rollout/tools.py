@@ -34,8 +34,8 @@ from __future__ import annotations
 import importlib
 import math
 import re
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -137,7 +137,7 @@ class Toolbox:
             else:
                 raise RunError(f"rollout.tools entry {spec!r} is unknown; use python or a "
                                "function of your own as module:function")
-        self.output_chars, self.workers = output_chars, workers
+        self.output_chars, self.workers, self.timeout_s = output_chars, workers, timeout_s
         self.seconds = 0.0  # time spent running calls, summed over turns (not over calls)
 
     def run(self, calls: list[tuple[str, str]], collective: bool = False) -> list[Result]:
@@ -149,13 +149,34 @@ class Toolbox:
         start = time.perf_counter()
         out = None
         if not collective or not dist.is_initialized() or dist.get_rank() == 0:
-            with ThreadPoolExecutor(max(1, min(self.workers, len(calls)))) as pool:
-                out = list(pool.map(lambda call: self.tools[call[0]](call[1]), calls))
+            out = self._run_all(calls)
         if collective and dist.is_initialized() and dist.get_world_size() > 1:
             box = [out]
             dist.broadcast_object_list(box, src=0)
             out = box[0]
         self.seconds += time.perf_counter() - start
+        return out
+
+
+    def _run_all(self, calls: list[tuple[str, str]]) -> list[Result]:
+        """The calls on threads, ``workers`` at a time. A user's tool still running
+        ``timeout_s`` after it is waited for is a time-out, its thread left behind (a daemon:
+        it keeps no process from ending); the sandbox ends a ``python`` call itself (on a busy
+        machine later than its wall clock, so it is not timed here)."""
+        gate, out = threading.Semaphore(self.workers), [None] * len(calls)
+
+        def call(i: int, tag: str, code: str) -> None:
+            with gate:
+                out[i] = self.tools[tag](code)
+        threads = [threading.Thread(target=call, args=(i, *c), daemon=True, name="tool")
+                   for i, c in enumerate(calls)]
+        for thread in threads:
+            thread.start()
+        for i, ((tag, _), thread) in enumerate(zip(calls, threads)):
+            thread.join(None if tag == "python" else self.timeout_s)
+            if thread.is_alive():
+                out[i] = Result(f"TimeoutError: the tool ran longer than {self.timeout_s:g} s",
+                                "timeout")
         return out
 
 
