@@ -10,7 +10,7 @@ arm's RLEP replays that same pool (the demo's ``pool`` key):
         pool=runs/stale/sync/seed-1/pool algorithm.max_staleness=2 rollout.partial=true \
         rollout.segment_tokens=16 rollout.extra_prompts=8 [algorithm.correction....]
     python studies/staleness_study.py --arms sync=runs/stale/sync n2=runs/stale/n2 ... \
-        [--seeds 1 2 3 4 5] [--json docs/records/staleness/staleness_study.json]
+        [--seeds 1 2 3 4 5] [--json docs/records/staleness/screen.json]
 
 The first arm is the reference. For every other arm and each of the demo's runs (baseline,
 RLEP): the difference from the reference's same run of the same seed in the final evaluation
