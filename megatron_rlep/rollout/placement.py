@@ -29,6 +29,7 @@ import datetime
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 
@@ -527,6 +528,18 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     r = cfg.rollout
     own_device()
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
+
+    def stopped(signum, frame):
+        """SIGTERM from the launcher (torchrun stops a node's other ranks when one dies, Slurm
+        when the job ends): learner 0 told why before this rank goes, or the job could end
+        with no sentence at all."""
+        try:
+            bridge.send(0, m.Failed(f"rollout rank {index} was stopped by "
+                                    f"{signal.Signals(signum).name} from its launcher: a rank "
+                                    "beside it died, or the job is being cancelled"))
+        finally:
+            os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, stopped)
     try:
         RolloutRank(cfg, index, bridge).run()
     except Exception as err:  # noqa: BLE001 - told to the learner in one line
