@@ -197,6 +197,22 @@ class Trajectory:
                           tuple(self.mask), tuple(self.calls))
 
 
+def observe(answer, result: Result, toolbox: Toolbox, encode, max_tokens: int,
+            version: int | None = None) -> bool:
+    """Appends ``result``'s observation to ``answer``: its tokens cut at ``max_tokens``, masked
+    out, log-prob 0.0, tagged with ``version`` when the answer tracks versions. True when the
+    answer has reached ``max_tokens``."""
+    answer.calls.append(result.status)
+    ids = list(encode(observation(result, toolbox.output_chars)))
+    ids = ids[:max_tokens - len(answer.token_ids)]
+    answer.token_ids += ids
+    answer.logprobs += [0.0] * len(ids)
+    answer.mask += [False] * len(ids)
+    if version is not None:
+        answer.versions += [version] * len(ids)
+    return len(answer.token_ids) >= max_tokens
+
+
 def run_turns(generate, encode, decode, toolbox: Toolbox, prompts: list[tuple],
               seeds: list[int], max_tokens: int, max_turns: int) -> list[Completion]:
     """One multi-turn answer per prompt. ``generate(contexts, seeds, max_tokens)`` returns one
@@ -232,13 +248,7 @@ def run_turns(generate, encode, decode, toolbox: Toolbox, prompts: list[tuple],
             else:
                 calls.append((answer, call))
         for (answer, _), result in zip(calls, toolbox.run([c for _, c in calls])):
-            answer.calls.append(result.status)
-            ids = list(encode(observation(result, toolbox.output_chars)))
-            room = max_tokens - len(answer.token_ids)
-            answer.token_ids += ids[:room]
-            answer.logprobs += [0.0] * len(ids[:room])
-            answer.mask += [False] * len(ids[:room])
-            answer.done = len(ids) >= room
+            answer.done = observe(answer, result, toolbox, encode, max_tokens)
     return [a.completion() for a in answers]
 
 
@@ -281,14 +291,8 @@ class Turns:
             else:
                 calls.append((a, call))
         for (a, _), result in zip(calls, self.toolbox.run([c for _, c in calls], collective=True)):
-            a.calls.append(result.status)
-            ids = list(self.encode(observation(result, self.toolbox.output_chars)))
-            ids = ids[:max_tokens - len(a.token_ids)]
-            a.token_ids += ids
-            a.logprobs += [0.0] * len(ids)
-            a.versions += [version] * len(ids)
-            a.mask += [False] * len(ids)
-            a.turn, a.done = len(a.token_ids), len(a.token_ids) >= max_tokens
+            a.done = observe(a, result, self.toolbox, self.encode, max_tokens, version)
+            a.turn = len(a.token_ids)
 
 
 class ToolEngine:
