@@ -62,6 +62,51 @@ def seed_row(out: Path) -> dict:
     return row
 
 
+def tool_row(out: Path) -> dict | None:
+    """A seed's runs with tools as their steps logged them (``train._tool_metrics``): the
+    held-out curve, calls per answer at step 1 and over the run, the share of calls without
+    error, and the seconds and share of a step's rollout in tools (medians over the steps
+    without validation, whose calls earlier commits counted in). None for a run without tools."""
+    report, runs = json.loads((out / "report.json").read_text()), {}
+    for run in ("baseline", "rlep"):
+        log = out / run / "metrics.jsonl"
+        steps = [r for r in map(json.loads, log.read_text().splitlines() if log.is_file() else [])
+                 if r.get("tools/calls_per_answer") is not None]
+        if not steps:
+            return None
+        plain = [r for r in steps if r.get("val/acc") is None] or steps
+        runs[run] = {"curve": report["runs"][run]["curve"],
+                     "first_calls": steps[0]["tools/calls_per_answer"],
+                     "calls_per_answer": statistics.fmean(r["tools/calls_per_answer"]
+                                                          for r in steps),
+                     "ok_share": statistics.fmean(r["tools/ok_share"] for r in steps
+                                                  if r.get("tools/ok_share") is not None),
+                     "tools_s": statistics.median(r["time/tools_s"] for r in plain),
+                     "time_share": statistics.median(r["tools/time_share"] for r in plain)}
+    return runs
+
+
+def tools_markdown(rows: list[dict]) -> str:
+    """One line per seed and run with tools, and their means over seeds."""
+    lines = ["| seed | run | held-out accuracy by step | calls per answer (step 1; run) | "
+             "calls without error | a step's rollout in tools |", "|" + "---|" * 6]
+    keys = ("first_calls", "calls_per_answer", "ok_share", "tools_s", "time_share")
+    for seed, runs in rows:
+        for run, t in runs.items():
+            curve = " / ".join(f"{acc:.3f}" for _, acc in t["curve"])
+            lines.append(f"| {seed} | {run} | {curve} | {t['first_calls']:.2f}; "
+                         f"{t['calls_per_answer']:.2f} | {t['ok_share']:.1%} | "
+                         f"{t['tools_s']:.2f} s ({t['time_share']:.1%}) |")
+    for run in rows[0][1]:
+        m = {k: statistics.fmean(runs[run][k] for _, runs in rows) for k in keys}
+        curves = zip(*(runs[run]["curve"] for _, runs in rows))
+        curve = " / ".join(f"{statistics.fmean(acc for _, acc in point):.3f}" for point in curves)
+        lines.append(f"| mean of {len(rows)} | {run} | {curve} | {m['first_calls']:.2f}; "
+                     f"{m['calls_per_answer']:.2f} | {m['ok_share']:.1%} | "
+                     f"{m['tools_s']:.2f} s ({m['time_share']:.1%}) |")
+    return "\n".join(lines)
+
+
 COMPARISONS = {"rlep_minus_matched": ("matched", "rlep"),
                "matched_minus_baseline": ("baseline", "matched")}
 
@@ -204,6 +249,10 @@ def main(argv=None) -> int:
                                        for name in ("rlep_minus_matched", "matched_minus_baseline")}
         text += "\n\n" + matched_markdown(rows, result["matched_pooled"],
                                            result["matched_bootstrap"])
+    tools = [(s, t) for s in args.seeds if (t := tool_row(args.root / f"seed-{s}"))]
+    if tools:
+        result["tools"] = dict(tools)
+        text += "\n\n" + tools_markdown(tools)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -288,6 +288,48 @@ def test_seed_study_pools_the_paired_differences_over_seeds(tmp_path):
     assert "| pooled (3 seeds, 95% t-interval) | +0.050 [-0.074, +0.174] |" in done.stdout
 
 
+def test_seed_study_tabulates_the_calls_of_runs_with_tools(tmp_path):
+    """Per run: calls per answer at step 1 and over the steps, the share without error over the
+    steps that logged one, and the medians of a step's seconds and share in tools over the steps
+    without validation (step 2's 6 s of validation calls left out)."""
+    def diff(x):
+        return {"diff": x, "low": x - 0.1, "high": x + 0.1}
+
+    for seed, calls in ((1, 0.5), (2, 1.0)):
+        out = tmp_path / f"seed-{seed}"
+        run = {"peak": 0.5, "peak_step": 2, "final": 0.5, "replay_fraction": 0.25,
+               "effective_m": 2.0, "curve": [[0, 0.25], [2, 0.5 * calls + 0.25]]}
+        for name in ("baseline", "rlep"):
+            (out / name).mkdir(parents=True)
+            steps = [{"step": 0, "val/acc": 0.25},
+                     {"step": 1, "tools/calls_per_answer": calls, "tools/ok_share": None,
+                      "time/tools_s": 0.5, "tools/time_share": 0.05},
+                     {"step": 2, "tools/calls_per_answer": 1.0, "tools/ok_share": 0.8,
+                      "time/tools_s": 6.0, "tools/time_share": 0.6, "val/acc": 0.5},
+                     {"step": 3, "tools/calls_per_answer": 1.0, "tools/ok_share": 1.0,
+                      "time/tools_s": 1.5, "tools/time_share": 0.15}]
+            (out / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+        (out / "report.json").write_text(json.dumps({
+            "seed": seed, "total_seconds": 600.0, "pool": {"questions": 10, "mean_pass_rate": 0.5},
+            "runs": {"baseline": run, "rlep": run},
+            "paired": {"evaluation": diff(0.0), "area": diff(0.0), "validation": [diff(0.0)]}}))
+    tool = Path(__file__).resolve().parent.parent / "studies" / "demo_seeds.py"
+    done = subprocess.run([sys.executable, str(tool), "--seeds", "1", "2", "--root",
+                           str(tmp_path), "--json", str(tmp_path / "seeds.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    tools = json.loads((tmp_path / "seeds.json").read_text())["tools"]
+    assert tools["1"]["rlep"]["first_calls"] == 0.5
+    assert tools["1"]["rlep"]["calls_per_answer"] == pytest.approx(2.5 / 3)
+    assert tools["1"]["rlep"]["ok_share"] == pytest.approx(0.9)
+    assert (tools["1"]["rlep"]["tools_s"], tools["1"]["rlep"]["time_share"]) == \
+        (pytest.approx(1.0), pytest.approx(0.1))
+    assert "| 1 | baseline | 0.250 / 0.500 | 0.50; 0.83 | 90.0% | 1.00 s (10.0%) |" in done.stdout
+    # the means over the two seeds: curves 0.25 / (0.5 + 0.75) / 2, calls at step 1 0.75
+    assert "| mean of 2 | rlep | 0.250 / 0.625 | 0.75; 0.92 | 90.0% | 1.00 s (10.0%) |" \
+        in done.stdout
+
+
 def test_seed_study_compares_rlep_with_the_compute_matched_control(tmp_path):
     """Per seed every run answers both held-out questions alike, so only the seeds vary in the
     two-level bootstrap: RLEP - matched is +0.5 (seed 1) and +1.0 (seed 2) at the last point."""
