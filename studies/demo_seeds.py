@@ -82,7 +82,9 @@ def tool_row(out: Path) -> dict | None:
                      "ok_share": statistics.fmean(r["tools/ok_share"] for r in steps
                                                   if r.get("tools/ok_share") is not None),
                      "tools_s": statistics.median(r["time/tools_s"] for r in plain),
-                     "time_share": statistics.median(r["tools/time_share"] for r in plain)}
+                     "time_share": statistics.median(r["tools/time_share"] for r in plain),
+                     "per_step": [[r["step"], r["tools/calls_per_answer"], r.get("tools/ok_share")]
+                                  for r in steps]}
     return runs
 
 
@@ -104,7 +106,29 @@ def tools_markdown(rows: list[dict]) -> str:
         lines.append(f"| mean of {len(rows)} | {run} | {curve} | {m['first_calls']:.2f}; "
                      f"{m['calls_per_answer']:.2f} | {m['ok_share']:.1%} | "
                      f"{m['tools_s']:.2f} s ({m['time_share']:.1%}) |")
+    return "\n".join(lines) + "\n\n" + steps_markdown(rows)
+
+
+def steps_markdown(rows: list[dict], every: int = 4) -> str:
+    """Calls per answer and the share without error at step 1 and every ``every`` steps, the
+    means over seeds (of the seeds that logged a share at that step)."""
+    lines = ["| run | " + " | ".join(f"step {k}" for k in _steps(rows, every)) + " |",
+             "|" + "---|" * (1 + len(_steps(rows, every)))]
+    for run in rows[0][1]:
+        cells = []
+        for k in _steps(rows, every):
+            at = [dict((x[0], x[1:]) for x in runs[run]["per_step"]).get(k) for _, runs in rows]
+            calls = [a[0] for a in at if a]
+            ok = [a[1] for a in at if a and a[1] is not None]
+            share = f", {statistics.fmean(ok):.1%} without error" if ok else ""
+            cells.append(f"{statistics.fmean(calls):.2f} calls{share}" if calls else "-")
+        lines.append(f"| {run} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _steps(rows: list[dict], every: int) -> list[int]:
+    last = max(x[0] for _, runs in rows for t in runs.values() for x in t["per_step"])
+    return [1] + list(range(every, last + 1, every))
 
 
 COMPARISONS = {"rlep_minus_matched": ("matched", "rlep"),

@@ -328,6 +328,8 @@ def test_seed_study_tabulates_the_calls_of_runs_with_tools(tmp_path):
     # the means over the two seeds: curves 0.25 / (0.5 + 0.75) / 2, calls at step 1 0.75
     assert "| mean of 2 | rlep | 0.250 / 0.625 | 0.75; 0.92 | 90.0% | 1.00 s (10.0%) |" \
         in done.stdout
+    # by step (every 4: step 1 only here): calls 0.75; no seed logged a share without error
+    assert "| rlep | 0.75 calls |" in done.stdout
 
 
 def test_seed_study_compares_rlep_with_the_compute_matched_control(tmp_path):
