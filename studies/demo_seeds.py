@@ -112,11 +112,12 @@ def tools_markdown(rows: list[dict]) -> str:
 def steps_markdown(rows: list[dict], every: int = 4) -> str:
     """Calls per answer and the share without error at step 1 and every ``every`` steps, the
     means over seeds (of the seeds that logged a share at that step)."""
-    lines = ["| run | " + " | ".join(f"step {k}" for k in _steps(rows, every)) + " |",
-             "|" + "---|" * (1 + len(_steps(rows, every)))]
+    steps = _steps(rows, every)
+    lines = ["| run | " + " | ".join(f"step {k}" for k in steps) + " |",
+             "|" + "---|" * (1 + len(steps))]
     for run in rows[0][1]:
         cells = []
-        for k in _steps(rows, every):
+        for k in steps:
             at = [dict((x[0], x[1:]) for x in runs[run]["per_step"]).get(k) for _, runs in rows]
             calls = [a[0] for a in at if a]
             ok = [a[1] for a in at if a and a[1] is not None]
