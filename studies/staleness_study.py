@@ -72,7 +72,7 @@ LOGGED = ("stale/lag_versions_mean", "stale/lag_updates_mean", "stale/tokens_ver
           "stale/tokens_versions_1", "stale/tokens_versions_2", "stale/lag_1/kl_behaviour_proximal",
           "stale/lag_2/kl_behaviour_proximal", "stale/replay/advantage_mean",
           "stale/fresh/advantage_mean", "stale/replay/gradient_share", "train/acc_fresh",
-          "correction/fresh/truncated_fraction")
+          "correction/fresh/truncated_fraction", "correction/fresh/m2_masked_fraction")
 
 
 def logged(run_dirs: list[Path]) -> dict:
@@ -134,8 +134,9 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     gains = ["| arm | RLEP minus baseline, eval (95%) | area (95%) |", "|---|---|---|"]
     lags = ["| arm | run | lag in versions: mean, max | tokens at lag 0 / 1 / 2 | lag in updates "
-            "| KL(behaviour, proximal) at lag 1 / 2 | truncated (fresh) | replay advantage "
-            "| replay gradient share | fresh accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "| KL(behaviour, proximal) at lag 1 / 2 | truncated (fresh) | masked by M2PO (fresh) "
+            "| replay advantage | replay gradient share | fresh accuracy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, arm in result["arms"].items():
         if "rlep_minus_baseline" in arm:
             g = arm["rlep_minus_baseline"]
@@ -151,6 +152,7 @@ def markdown(result: dict) -> str:
                 f"{number(m['stale/lag_1/kl_behaviour_proximal'], '{:.1e}')} / "
                 f"{number(m['stale/lag_2/kl_behaviour_proximal'], '{:.1e}')} | "
                 f"{number(m['correction/fresh/truncated_fraction'], '{:.4f}')} | "
+                f"{number(m['correction/fresh/m2_masked_fraction'], '{:.4f}')} | "
                 f"{number(m['stale/replay/advantage_mean'])} | "
                 f"{number(m['stale/replay/gradient_share'])} | {number(m['train/acc_fresh'])} |")
     for n, arm in result["arms"].items():

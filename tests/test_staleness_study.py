@@ -24,11 +24,13 @@ def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[
     # the demo's first row: the validation before step 1, with no step time
     rows = [{"step": 0, "time": start - 5.0, "val/acc": 0.0},
             {"step": 1, "time": start + 10.0, "time/step_s": 10.0, "stale/lag_versions_max": 0,
-             "stale/lag_versions_mean": 0.0, "stale/tokens_versions_0": 1.0}]
+             "stale/lag_versions_mean": 0.0, "stale/tokens_versions_0": 1.0,
+             "correction/fresh/m2_masked_fraction": 0.0}]
     for step, (seconds, correct) in sorted(points.items()):
         rows.append({"step": step, "time": start + seconds, "time/step_s": 10.0,
                      "val/acc": sum(correct) / len(correct), "stale/lag_versions_max": step // 2,
-                     "stale/lag_versions_mean": step / 4, f"stale/tokens_versions_{step // 2}": 1.0})
+                     "stale/lag_versions_mean": step / 4, f"stale/tokens_versions_{step // 2}": 1.0,
+                     "correction/fresh/m2_masked_fraction": step / 100})
         (run_dir / "validation" / f"step-{step}.jsonl").write_text("".join(
             json.dumps({"id": q, "correct": c}) + "\n" for q, c in zip(QUESTIONS, correct)))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -83,10 +85,13 @@ def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
     # the share of tokens at each lag, over every step (0 where a step had none at that lag)
     assert [stale["logged"]["rlep"][f"stale/tokens_versions_{k}"] for k in range(3)] == \
         pytest.approx([1 / 3] * 3)
+    # M2PO's masked share at steps 1, 2 and 4: 0, 0.02, 0.04
+    assert stale["logged"]["rlep"]["correction/fresh/m2_masked_fraction"] == pytest.approx(0.02)
     table = staleness_study.markdown(result)
     assert "| n1 | baseline | 2 | +0.250 [" in table and "| n1 | rlep | 2 |" in table
     assert "| 1.5 | 2/2 |" in table and "|  | 0/2 |" in table
     assert "| n1 | -0.500 [" in table and "| n1 | rlep | 0.50, 2 |" in table
+    assert "|  | 0.0200 |" in table  # no truncation logged; M2PO's masked share
 
 
 def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):
