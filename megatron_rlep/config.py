@@ -468,7 +468,7 @@ class DemoConfig:
     seed: int = 1  # both runs, the pool and the evaluation
     out: str = "runs/demo"
     # a finished pool directory for RLEP to replay instead of the one built from this demo's
-    # baseline (no pool stage): arms of a study that share one pool (docs/demo_runs.md)
+    # baseline (no pool stage): arms of a study that share one pool (docs/staleness.md)
     pool: Optional[str] = None
     pool_samples: int = at_least(1, default=6)  # answers sampled per training question for the pool
     pool_temperature: float = at_least(0.0, default=0.7)
