@@ -423,7 +423,8 @@ def test_the_cpu_adam_runs_fused_and_updates_as_the_default_one(tmp_path):
     assert lines[:4] == ["FUSED True [True]", "CLIPPED True True 1.0",
                          "FUSED False [None]", "CLIPPED False True 1.0"], result.stdout
     first, third, moved = map(float, lines[4].split()[1:])
-    assert first < 1e-7 and third < 5e-3 * moved, lines
+    # one fp32 ulp of a weight in [1, 2), 2^-23: the two kernels may round one step apart
+    assert first <= 2.0 ** -23 and third < 5e-3 * moved, lines
 
 
 WGRAD = """
