@@ -339,13 +339,31 @@ class CodeSandboxConfig:
     tmpfs_mb: int = at_least(1, default=64)  # its whole work directory
     output_kb: int = at_least(1, default=1024)  # stdout, and stderr; more kills it
     partial_credit: bool = False  # score 2 x the share of tests passed - 1 (else all or none)
-    # true: where the kernel refuses the namespaces or Landlock, code answers are infrastructure
-    # failures (the run stops past verifier.max_failures); false: run them with what is left
-    require_isolation: bool = True
     # true: test files that patch the answer's objects (mock, monkeypatch) run in the answer's
     # own process, where a program written to defeat the harness can forge a pass; false (the
     # default): every test runs in the judge's process and such files fail there
     in_process_patching: bool = False
+
+
+@dataclass
+class SandboxConfig:
+    """What every sandboxed program gets, a code answer's and a tool call's alike
+    (megatron_rlep/reward/sandbox/; docs/sandbox_threat_model.md)."""
+    # installed distributions a program may import, read-only, with those they require; those
+    # not installed are left out, and the start-up line names what is in
+    packages: list[str] = field(default_factory=lambda: ["numpy", "sympy"])
+    # layers a program may run without where the kernel or the container refuses them
+    # (namespaces, landlock, seccomp), each then named in the start-up line; empty: a node that
+    # refuses one stops the run at start
+    allow_missing: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        from megatron_rlep.reward.sandbox import LAYERS
+
+        unknown = [layer for layer in self.allow_missing if layer not in LAYERS]
+        if unknown:
+            raise ConfigError(f"config key sandbox.allow_missing names {unknown}, which is no "
+                              f"layer of the sandbox; the layers are {', '.join(LAYERS)}.")
 
 
 @dataclass
@@ -380,6 +398,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     seed: int = 1
     run_dir: str = "runs/default"
     resume: bool = True  # continue from run_dir/checkpoints/latest when it exists
@@ -416,6 +435,7 @@ class BuildPoolConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     seed: int = 1
     split: str = one_of("train", "test", default="train")
     samples: int = at_least(1, default=64)  # answers sampled per question (paper: 64)
@@ -439,6 +459,7 @@ class EvaluateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # wandb, project, name only
     datasets: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23"])
     data_dir: Optional[str] = None  # where dataset names resolve (<data_dir>/<name>.jsonl)
@@ -510,7 +531,8 @@ _register_schema()
 _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmConfig,
                                            ReplayConfig, CorrectionConfig,
                                            RolloutConfig, ValidationConfig, ParallelConfig,
-                                           LoggingConfig, VerifierConfig, CodeSandboxConfig)}
+                                           LoggingConfig, VerifierConfig, CodeSandboxConfig,
+                                           SandboxConfig)}
 
 
 def _get(cfg: Config, dotted: str) -> Any:

@@ -25,7 +25,7 @@ def run(cfg: Config) -> float:
                              **tasks.loader_kwargs(cfg.data.eval[0], cfg.data.levels,
                                                    cfg.questions, cfg.seed))[: cfg.questions]
     engine = TransformersEngine(cfg.model.path, batch_size=cfg.rollout.batch_size)
-    verifier = Scorer(cfg.verifier)
+    verifier = Scorer(cfg.verifier, sandbox=cfg.sandbox)
     start = time.time()
     correct = total = 0
     for index, example in enumerate(examples):

@@ -62,6 +62,7 @@ from megatron_rlep.rollout import (engine_length, make_engine, model_stop_ids, t
                                    validation_sampling)
 from megatron_rlep.rollout import placement
 from megatron_rlep.rollout.service import LocalRollout, RemoteRollout
+from megatron_rlep.reward.sandbox import Sandbox, isolation
 from megatron_rlep.reward.scorer import Item, Scorer
 
 
@@ -114,9 +115,13 @@ class Trainer:
                           for name in cfg.data.eval}
         # the reward's workers start here: a reward file that does not import stops the run now
         self.scorer = Scorer(cfg.verifier, max_length=r.max_response_length,
-                             overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
+                             overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor,
+                             sandbox=cfg.sandbox)
         if is_rank0():
-            for line in filter(None, (self.scorer.describe(), self.scorer.sandbox_line(),
+            # a node whose kernel refuses a layer of the sandbox stops the run here
+            sandbox = Sandbox(**isolation(cfg.sandbox)).probe() \
+                if self.scorer.runs_code() or "python" in r.tools else None
+            for line in filter(None, (self.scorer.describe(), sandbox,
                                       self.scorer.code_line(self.train_set))):
                 print(line, flush=True)
         pool = load_pool(cfg, self.scorer, self.train_set)

@@ -159,7 +159,7 @@ def build(cfg: BuildPoolConfig) -> None:
     share, shares, writes = jobs.engines(rank, world, tp)
     todo = jobs.my_units(len(shards), share, shares, lambda k: shard_done(out, k))
 
-    verifier = Scorer(cfg.verifier)
+    verifier = Scorer(cfg.verifier, sandbox=cfg.sandbox)
     # built on every rank: a vLLM engine's start-up is collective under torchrun, so a rank
     # without shards to do still takes part
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype), cfg.seed,

@@ -142,7 +142,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     tp = cfg.rollout.tensor_parallel if engine_kind(cfg.rollout.engine) == "vllm" else 1
     share, shares, writes = jobs.engines(rank, world, tp)
     todo = jobs.my_units(len(units), share, shares, lambda u: part(u).is_file())
-    verifier = Scorer(cfg.verifier)
+    verifier = Scorer(cfg.verifier, sandbox=cfg.sandbox)
     # built on every rank: a vLLM engine's start-up is collective under torchrun
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
                          cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=tp)

@@ -210,15 +210,17 @@ def _token_driver(token: str, body: str) -> str:
 class CodeChecker:
     """Runs an answer's program against an example's tests; ``check`` returns a Verdict."""
 
-    def __init__(self, limits: Limits = Limits(), partial: bool = False, require: bool = True,
-                 in_process: bool = False):
-        self.sandbox = Sandbox(limits, require)
+    def __init__(self, limits: Limits = Limits(), partial: bool = False, in_process: bool = False,
+                 **isolation):
+        """``isolation``: ``Sandbox``'s ``allow_missing`` and ``packages``, the answer's and the
+        judge's alike."""
+        self.sandbox = Sandbox(limits, **isolation)
         # the judge outlives the answer by 2 s: an answer that runs out its clock still gets
         # a verdict on the tests before (its own limits otherwise: test files are data too).
         # The judge sleeps while the answer works, and a sleep counts on its clock: it is given
         # the answer's longest wall clock (a busy node's) so that load changes no verdict
         self.judge = Sandbox(replace(limits, wall_s=limits.wall_max_s + 2,
-                                     cpu_s=limits.cpu_s + 2), require)
+                                     cpu_s=limits.cpu_s + 2), **isolation)
         self.partial, self.in_process = partial, in_process
 
     def check(self, response: str, ground_truth, extra_info=None) -> Verdict:

@@ -140,13 +140,13 @@ class Rules:
     def code_checker(self):
         if self._code is None:
             from megatron_rlep.reward.code import CodeChecker
-            from megatron_rlep.reward.sandbox import Limits
+            from megatron_rlep.reward.sandbox import Limits, isolation
 
             c = self.settings["code"]
             self._code = CodeChecker(Limits(c["wall_s"], c["cpu_s"], c["memory_mb"], c["nproc"],
                                             c["fsize_mb"], c["tmpfs_mb"], c["output_kb"] << 10),
-                                     c["partial_credit"], c["require_isolation"],
-                                     c["in_process_patching"])
+                                     c["partial_credit"], c["in_process_patching"],
+                                     **isolation(self.settings.get("sandbox")))
         return self._code
 
     def close(self) -> None:

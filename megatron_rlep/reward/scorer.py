@@ -98,10 +98,14 @@ class _Worker:
 
 class Scorer:
     def __init__(self, settings, max_length: int | None = None, overlong_buffer: int = 0,
-                 overlong_factor: float = 1.0):
-        """``settings``: the ``verifier`` config (a dataclass or its dict). Starts one worker at
-        once, so a reward file that does not import stops here, in one sentence."""
+                 overlong_factor: float = 1.0, sandbox=None):
+        """``settings``: the ``verifier`` config (a dataclass or its dict); ``sandbox``: the
+        ``sandbox`` config (None: its defaults). Starts one worker at once, so a reward file
+        that does not import stops here, in one sentence."""
+        from megatron_rlep.reward.sandbox import isolation
+
         self.settings = asdict(settings) if is_dataclass(settings) else dict(settings)
+        self.settings["sandbox"] = isolation(sandbox)
         self._json = json.dumps(self.settings)
         self.max_length, self.buffer, self.factor = max_length, overlong_buffer, overlong_factor
         self.workers: list[_Worker | None] = [None] * max(1, self.settings["workers"])
@@ -126,13 +130,9 @@ class Scorer:
         return (f"rewards: {rule}; {len(self.workers)} scoring worker(s) per rank, "
                 f"{s['timeout_s']:g} s an answer")
 
-    def sandbox_line(self) -> str | None:
-        """Which isolation code answers get on this node, where code can be scored."""
-        if self.settings["mode"] not in ("code", "custom"):
-            return None
-        from megatron_rlep.reward.sandbox import Sandbox
-
-        return Sandbox(require=self.settings["code"]["require_isolation"]).probe()
+    def runs_code(self) -> bool:
+        """Whether code answers may come to the sandbox."""
+        return self.settings["mode"] in ("code", "custom")
 
     def code_line(self, examples) -> str | None:
         """How many of ``examples`` are code, by test format, and how many of their test files
@@ -254,9 +254,9 @@ class Scorer:
                            "verifier.timeout_s or verifier.max_failures")
         if infra and len(infra) > limit * len(scores):
             raise RunError(f"the code sandbox could not run {len(infra)} of {len(scores)} "
-                           f"answers in {what} ({infra[0].error}): run on a node with user "
-                           "namespaces and Landlock, or set verifier.code.require_isolation="
-                           "false to accept weaker isolation (docs/code_sandbox.md)")
+                           f"answers in {what} ({infra[0].error}): run on a node whose kernel "
+                           "allows every layer, or name the one it refuses in "
+                           "sandbox.allow_missing (docs/sandbox_threat_model.md)")
 
     def close(self) -> None:
         for worker in self.workers:

@@ -1,21 +1,21 @@
 """Running untrusted programs: a model's answer is hostile input, so it never runs in a trainer's
 or a scorer's process, only here, one program per sandbox.
 
-``Sandbox.run(files, stdin)`` writes ``files`` into a fresh work directory and runs
-``python -I -S main.py`` there through ``sandbox_init.py`` (its docstring says what each layer
-does): user, PID, network and mount namespaces, a private tmpfs work directory, Landlock rules
-(read only the interpreter's files, write only the work directory, no TCP, no signals out),
-resource limits (CPU time, memory, processes, file size), a wall-clock limit that a busy node
-does not shorten, and stdout and stderr read here up to ``Limits.output_bytes`` (more kills the
-program). The verdict is never this process's to take from the program's exit status alone:
-callers compare its output.
+``Sandbox.run(files, stdin)`` writes ``files`` into the work directory of a root of the
+program's own and runs ``python -S -P main.py`` there through ``sandbox_init.py``, whose
+docstring lists the layers: namespaces, a root holding only the interpreter, the system's
+libraries and the allowed packages (read-only), Landlock, no capabilities, a seccomp filter,
+resource limits and a wall clock that a busy node does not shorten. Stdout and stderr are read
+here up to ``Limits.output_bytes`` (more kills the program). docs/sandbox_threat_model.md takes
+every kind of kernel object a program could reach and names the layer that closes it. The
+verdict is never this process's to take from the program's exit status alone: callers compare
+its output.
 
-Why these layers: they need no root and no extra package (bubblewrap and nsjail are not on a
-cluster node by default; seccomp filters need libseccomp or a hand-written BPF program), and
-each is enforced by the kernel. ``Sandbox.probe()`` runs one trivial program and returns the
-line saying which isolation is in force on this node; ``require=True`` (the default) makes a
-sandbox that cannot isolate fail every run as an infrastructure failure rather than run code
-unconfined.
+Each layer is the kernel's, set up without root and without a package a cluster node may lack
+(bubblewrap, nsjail, libseccomp). ``Sandbox.probe()`` runs one trivial program and returns the
+line saying what a program gets on this node, or raises, naming the layer, where the kernel
+refuses one that ``allow_missing`` does not name. After start-up a sandbox that cannot be set
+up fails its run as an infrastructure failure: never a program run unconfined.
 
 The package is the sandbox and what runs inside one: this module (the parent's side),
 ``sandbox_init.py`` (the layers, in the child), and the programs the code reward
@@ -34,12 +34,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron_rlep.errors import RunError
+
 RUNNER = Path(__file__).with_name("sandbox_init.py")
+LAYERS = ("namespaces", "landlock", "seccomp")  # what sandbox.allow_missing may name
+PACKAGES = ("numpy", "sympy")  # what programs may import by default, where installed
 INFRA_EXIT, TIMEOUT_EXIT = 125, 124
 LINE_LIMIT = 64 << 20  # a Session's longest line: a call's arguments or result (10^6 numbers)
 # a program's wall clock counts the time it runs or sleeps, not the time its one process waits
@@ -52,7 +57,7 @@ class Limits:
     wall_s: float = 10.0  # the program's wall clock (time waiting for a CPU not counted)
     cpu_s: int = 10  # its CPU seconds (RLIMIT_CPU)
     memory_mb: int = 1024  # its address space (RLIMIT_AS)
-    nproc: int = 32  # its processes, init's included (RLIMIT_NPROC; for root a pids cgroup)
+    nproc: int = 32  # its processes, init's included (RLIMIT_NPROC)
     fsize_mb: int = 16  # the largest file it may write (RLIMIT_FSIZE)
     tmpfs_mb: int = 64  # its whole work directory
     output_bytes: int = 1 << 20  # stdout and stderr each; more kills the program
@@ -78,19 +83,75 @@ def interpreter() -> str:
 
 
 def read_paths() -> list[str]:
-    """What a program may read: the interpreter's installation and the system's shared
-    libraries, and nothing else (not the run directory, not $HOME)."""
-    python = Path(interpreter())
-    roots = {sys.base_prefix, str(python.parent.parent)}
-    return sorted(roots) + ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/etc/ld.so.cache",
-                            "/dev/null", "/dev/urandom", "/dev/zero"]
+    """What a program may read: the interpreter, its standard library and the directory of its
+    shared library, and the system's shared libraries; nothing else (not the run directory,
+    not $HOME, no other program)."""
+    paths = {interpreter(), os.path.realpath(sysconfig.get_config_var("LIBDIR") or sys.base_prefix)}
+    paths |= {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
+    return sorted(paths) + ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/etc/ld.so.cache"]
+
+
+def installed_package_dirs() -> list[str]:
+    """The interpreter's own package directories, shown empty inside (packages come in only by
+    ``Sandbox(packages=...)``)."""
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    dirs = {os.path.realpath(sysconfig.get_paths(vars=base)[k]) for k in ("purelib", "platlib")}
+    return sorted(dirs | {"/usr/lib/python3/dist-packages"})
+
+
+def package_paths(names) -> tuple[dict[str, str], str]:
+    """The installed distributions ``names`` and those they require: {top-level entry (a package,
+    a module, its metadata): its path}, and a few words naming them with their versions (and
+    those not installed)."""
+    from importlib import metadata
+
+    entries, found, absent, todo, seen = {}, [], [], list(names), set()
+    while todo:
+        name = todo.pop(0)
+        if name.lower().replace("_", "-") in seen:
+            continue
+        seen.add(name.lower().replace("_", "-"))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            absent.append(name)
+            continue
+        found.append(f"{dist.metadata['Name']} {dist.version}")
+        for file in dist.files or []:
+            top = file.parts[0]
+            if top not in ("..", "__pycache__") and not top.endswith(".pth"):
+                entries[top] = os.path.realpath(dist.locate_file(top))
+        for line in dist.requires or []:
+            from packaging.requirements import Requirement
+
+            needed = Requirement(line)
+            if needed.marker is None or needed.marker.evaluate({"extra": ""}):
+                todo.append(needed.name)
+    words = ", ".join(found) or "none"
+    return entries, words + (f" ({', '.join(absent)} not installed)" if absent else "")
+
+
+def isolation(settings=None) -> dict:
+    """``Sandbox``'s keyword arguments from the ``sandbox`` config (its dataclass or dict; None:
+    the defaults)."""
+    if settings is None:
+        return {"allow_missing": [], "packages": list(PACKAGES)}
+    get = settings.get if isinstance(settings, dict) else lambda key: getattr(settings, key)
+    return {"allow_missing": list(get("allow_missing")), "packages": list(get("packages"))}
 
 
 class Sandbox:
-    def __init__(self, limits: Limits = Limits(), require: bool = True):
-        self.limits, self.require = limits, require
+    """``allow_missing``: the layers (``LAYERS``) a program may run without where the kernel
+    refuses them; ``packages``: installed distributions it may import, read-only, with what they
+    require; ``unbuffered``: its standard output written as it prints (a tool call's output
+    before a time-out is kept)."""
+
+    def __init__(self, limits: Limits = Limits(), allow_missing=(), packages=PACKAGES,
+                 unbuffered: bool = False):
+        self.limits, self.allow_missing, self.unbuffered = limits, list(allow_missing), unbuffered
         self.python = interpreter()
-        self.reads = read_paths()
+        self.reads, self.hide = read_paths(), installed_package_dirs()
+        self.packages, self.package_words = package_paths(packages)
 
     def run(self, files: dict[str, str], stdin: str = "", script: str = "main.py") -> Outcome:
         """Run ``python -I -S script`` among ``files`` with ``stdin``; never raises for anything
@@ -116,17 +177,28 @@ class Sandbox:
     def _spawn(self, files: dict[str, str], script: str):
         workdir = tempfile.mkdtemp(prefix="rlep-sandbox-")
         lim = self.limits
-        config = {"workdir": workdir, "files": files, "argv": [self.python, "-I", "-S", script],
-                  "read_paths": self.reads, "require": self.require, "wall_s": lim.wall_s,
-                  "wall_max_s": lim.wall_max_s,
+        config = {"workdir": workdir, "files": files, "argv": [self.python, "-S", "-P", script],
+                  "binds": self.reads, "hide": self.hide, "packages": self.packages,
+                  "allow_missing": self.allow_missing, "unbuffered": self.unbuffered,
+                  "wall_s": lim.wall_s, "wall_max_s": lim.wall_max_s,
                   "cpu_s": lim.cpu_s, "memory_mb": lim.memory_mb, "nproc": lim.nproc,
                   "fsize_mb": lim.fsize_mb, "tmpfs_mb": lim.tmpfs_mb}
         start = time.monotonic()
+        read, write = os.pipe()  # the config goes by a pipe: a command line is anyone's to read
         try:
-            proc = subprocess.Popen([self.python, "-I", "-S", str(RUNNER), json.dumps(config)],
+            proc = subprocess.Popen([self.python, "-I", "-S", str(RUNNER), str(read)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=(read,))
+            os.close(read)
+            with os.fdopen(write, "wb") as channel:
+                channel.write(json.dumps(config).encode())
         except OSError as err:
+            for fd in (read, write):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             shutil.rmtree(workdir, ignore_errors=True)
             return Outcome("infra", None, "", "", 0.0, f"the sandbox did not start: {err}")
         return proc, workdir, start
@@ -134,7 +206,7 @@ class Sandbox:
     def _outcome(self, code, out: str, err: str, flooded: bool, seconds: float) -> Outcome:
         notes = [line for line in err.splitlines() if line.startswith("sandbox: ")]
         err = "\n".join(line for line in err.splitlines() if not line.startswith("sandbox: "))
-        setup = [n for n in notes if n.startswith(("sandbox: cannot", "sandbox: setup failed"))]
+        setup = [n for n in notes if n.startswith(("sandbox: missing", "sandbox: setup failed"))]
         if code == INFRA_EXIT and setup:
             return Outcome("infra", None, out, err, seconds, setup[-1][len("sandbox: "):])
         if flooded:
@@ -183,12 +255,20 @@ class Sandbox:
         return decode(proc.stdout.fileno()), decode(proc.stderr.fileno()), flooded
 
     def probe(self) -> str:
-        """One line: which isolation a program gets on this node."""
+        """One line: what a program gets on this node. Raises RunError, in one sentence naming
+        the layer and the key, where the kernel refuses a layer ``allow_missing`` does not
+        name, or the sandbox cannot run at all."""
         outcome = self.run({"main.py": "print('ok')\n"})
-        if outcome.status == "infra":
-            return f"code sandbox unusable here ({outcome.reason}): code answers count as " \
-                   "infrastructure failures"
-        return f"code sandbox: {outcome.reason or 'no isolation but resource limits'}"
+        if outcome.status == "infra" and outcome.reason.startswith("missing "):
+            layer = outcome.reason.split()[1].rstrip(":")
+            raise RunError(f"the sandbox cannot isolate programs on this node: {outcome.reason}; "
+                           f"run where the kernel allows it, or set sandbox.allow_missing=[{layer}] "
+                           f"to run programs without it (docs/sandbox_threat_model.md)")
+        if outcome.status != "ok" or outcome.stdout != "ok\n":
+            raise RunError(f"the sandbox cannot run a program on this node "
+                           f"({outcome.reason or outcome.status}: {outcome.stderr[-300:]!r}); "
+                           "see docs/sandbox_threat_model.md")
+        return f"sandbox: {outcome.reason}; packages: {self.package_words}"
 
 
 class Session:
