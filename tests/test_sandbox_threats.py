@@ -327,7 +327,8 @@ def host(tmp_path_factory):
              "tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1],
              "sysv": {"shm": key, "sem": key + 1, "msg": key + 2}, "posix_shm": f"{tag}.secret",
              "mqueue": tag, "trainer_pid": os.getpid(), "trainer_parent": os.getppid(),
-             "stdlib_file": os.__file__, "site_dirs": box.hide,
+             "stdlib_file": os.__file__,
+             "site_dirs": box.hide + [str(Path(pytest.__file__).resolve().parents[1])],
              "top_ok": sorted({p.split("/")[1] for p in read_paths()} |
                               {"dev", "pkgs", "proc", "tmp", "work"}),
              "root_ok": {"/etc": ["ld.so.cache"]},

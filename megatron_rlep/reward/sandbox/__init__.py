@@ -86,23 +86,29 @@ def read_paths() -> list[str]:
     """What a program may read: the interpreter, its standard library and the directory of its
     shared library, and the system's shared libraries; nothing else (not the run directory,
     not $HOME, no other program)."""
-    paths = {interpreter(), os.path.realpath(sysconfig.get_config_var("LIBDIR") or sys.base_prefix)}
-    paths |= {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
-    return sorted(paths) + ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/etc/ld.so.cache"]
+    paths = {interpreter(), os.path.realpath(sysconfig.get_config_var("LIBDIR") or sys.base_prefix),
+             os.path.realpath(os.path.dirname(os.__file__))}  # the standard library
+    if sysconfig.get_config_var("DESTSHARED"):  # its compiled modules
+        paths.add(os.path.realpath(sysconfig.get_config_var("DESTSHARED")))
+    system = ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/etc/ld.so.cache"]
+    inside = lambda path: any(path.startswith(d + "/") for d in paths | set(system))  # noqa: E731
+    return sorted(p for p in paths if not inside(p)) + system
 
 
 def installed_package_dirs() -> list[str]:
     """The interpreter's own package directories, shown empty inside (packages come in only by
     ``Sandbox(packages=...)``)."""
     base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
-    dirs = {os.path.realpath(sysconfig.get_paths(vars=base)[k]) for k in ("purelib", "platlib")}
+    dirs = {os.path.realpath(paths[k]) for paths in (sysconfig.get_paths(vars=base),
+                                                      sysconfig.get_paths())
+            for k in ("purelib", "platlib")}
     return sorted(dirs | {"/usr/lib/python3/dist-packages"})
 
 
 def package_paths(names) -> tuple[dict[str, str], str]:
     """The installed distributions ``names`` and those they require: {top-level entry (a package,
-    a module, its metadata): its path}, and a few words naming them with their versions (and
-    those not installed)."""
+    a module, a directory of its libraries): its path}, and a few words naming them with their
+    versions (and those not installed)."""
     from importlib import metadata
 
     entries, found, absent, todo, seen = {}, [], [], list(names), set()
@@ -119,7 +125,7 @@ def package_paths(names) -> tuple[dict[str, str], str]:
         found.append(f"{dist.metadata['Name']} {dist.version}")
         for file in dist.files or []:
             top = file.parts[0]
-            if top not in ("..", "__pycache__") and not top.endswith(".pth"):
+            if top not in ("..", "__pycache__") and not top.endswith((".pth", ".dist-info")):
                 entries[top] = os.path.realpath(dist.locate_file(top))
         for line in dist.requires or []:
             from packaging.requirements import Requirement

@@ -40,7 +40,6 @@ import ctypes
 import json
 import math
 import os
-import platform
 import resource
 import signal
 import stat
@@ -139,7 +138,7 @@ def write(path: str, text: str) -> None:
 
 
 def nr(name: str) -> int:
-    return NUMBERS[name][ARCHES[platform.machine()][0]]
+    return NUMBERS[name][ARCHES[os.uname().machine][0]]
 
 
 def namespaces() -> None:
@@ -307,7 +306,7 @@ def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
 
 
 def seccomp() -> str:
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in ARCHES:
         raise Missing("seccomp", f"filter system calls on {machine} (x86_64 and aarch64 only)")
     code = b"".join(struct.pack("HBBI", *insn) for insn in seccomp_program(machine))
