@@ -49,7 +49,8 @@ def main():
     shards = shards[:args.shards]
     engine = make_engine(cfg.rollout, resolve_model_path(cfg.model.path),
                          platform.compute_dtype(cfg.model.dtype), cfg.seed,
-                         cfg.data.max_prompt_length + cfg.rollout.max_response_length, 1)
+                         cfg.data.max_prompt_length + cfg.rollout.max_response_length, 1,
+                         sandbox=cfg.sandbox)
     verifier = Scorer(cfg.verifier, sandbox=cfg.sandbox)
     build_pool.sample(engine, shards[0][:1], 0, cfg)  # warm-up
     times = {"bare": 0.0, "build": 0.0, "builder_work": 0.0}

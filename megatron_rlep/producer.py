@@ -137,13 +137,11 @@ class Producer:
         r = self.cfg.rollout
         if not r.tools:
             return None
-        from megatron_rlep.rollout.tools import Toolbox, Turns
+        from megatron_rlep.rollout.tools import Toolbox, Turns, text_codec
 
         toolbox = getattr(self.engine, "toolbox", None) or Toolbox(
-            list(r.tools), r.tool_timeout_s, r.tool_output_chars, r.tool_workers)
-        return Turns(toolbox, lambda text: self.tokenizer(text, add_special_tokens=False)[
-            "input_ids"], lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            r.max_turns)
+            list(r.tools), r.tool_timeout_s, r.tool_output_chars, r.tool_workers, self.cfg.sandbox)
+        return Turns(toolbox, *text_codec(self.tokenizer), r.max_turns)
 
     def state(self) -> dict:
         """What a checkpoint keeps of the producer (the live pool is saved beside it)."""

@@ -144,7 +144,8 @@ class Trainer:
             self.actor.offload()
         r = replace(r, engine=training_engine(r.engine, self.actor.hf_path))
         engine = None if r.placement == "disaggregated" else make_engine(
-            r, self.actor.hf_path, self.actor.dtype, cfg.seed, engine_length(cfg))
+            r, self.actor.hf_path, self.actor.dtype, cfg.seed, engine_length(cfg),
+            sandbox=cfg.sandbox)
         self.producer = Producer(cfg, self.tokenizer,
                                  model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
                                  pool, engine, self.train_set, bridge)

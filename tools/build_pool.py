@@ -164,7 +164,7 @@ def build(cfg: BuildPoolConfig) -> None:
     # without shards to do still takes part
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype), cfg.seed,
                          cfg.data.max_prompt_length + cfg.rollout.max_response_length,
-                         tensor_parallel=tp)
+                         tensor_parallel=tp, sandbox=cfg.sandbox)
     if rank == 0:
         print(f"{shares} engine(s) of tensor parallel size {tp} over {world} rank(s)", flush=True)
     bar = tqdm(total=sum(len(shards[k]) for k in todo), unit="question", desc=f"pool rank {rank}",

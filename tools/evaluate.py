@@ -145,7 +145,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     verifier = Scorer(cfg.verifier, sandbox=cfg.sandbox)
     # built on every rank: a vLLM engine's start-up is collective under torchrun
     engine = make_engine(cfg.rollout, model_path, platform.compute_dtype(cfg.model.dtype),
-                         cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=tp)
+                         cfg.seed, PROMPT_TOKENS + max_tokens, tensor_parallel=tp,
+                         sandbox=cfg.sandbox)
     if rank == 0:
         print(f"{shares} engine(s) of tensor parallel size {tp} over {world} rank(s)", flush=True)
     bar = tqdm(total=sum(len(datasets[s][i:i + cfg.chunk_size]) for s, i in (units[u] for u in todo)),

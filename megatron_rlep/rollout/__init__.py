@@ -105,11 +105,12 @@ def engine_length(cfg) -> int:
 
 
 def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_model_len: int,
-                tensor_parallel: int | None = None, dedicated: bool = False):
+                tensor_parallel: int | None = None, dedicated: bool = False, sandbox=None):
     """This rank's engine, or None on ranks that do not generate (transformers: one rank per
     model-parallel group generates for it; vLLM: every rank, as start-up is collective).
     ``tensor_parallel`` overrides the engine's TP size. A ``dedicated`` engine has its GPU to
-    itself (a rollout rank): ``rollout.dedicated_gpu_memory_utilization`` of it, no sleep mode."""
+    itself (a rollout rank): ``rollout.dedicated_gpu_memory_utilization`` of it, no sleep mode.
+    ``sandbox``: the ``sandbox`` config its ``python`` tool calls run under."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
         from transformers import AutoConfig
@@ -132,23 +133,23 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
             model_path, tp, rollout.dedicated_gpu_memory_utilization if dedicated
             else rollout.gpu_memory_utilization, max_model_len,
             "bfloat16" if dtype == torch.bfloat16 else "float32", seed, rollout.cpu_kv_cache_gib,
-            cpu_compile=rollout.cpu_compile, sleep_mode=not dedicated), rollout)
+            cpu_compile=rollout.cpu_compile, sleep_mode=not dedicated), rollout, sandbox)
     if _mp_rank() != 0:
         return None
     from megatron_rlep import platform
 
     return with_tools(TransformersEngine(model_path, dtype=dtype, batch_size=rollout.batch_size,
-                                         device=platform.device()), rollout)
+                                         device=platform.device()), rollout, sandbox)
 
 
-def with_tools(engine, rollout):
+def with_tools(engine, rollout, sandbox=None):
     """``engine``, its answers calling ``rollout.tools`` where the run names any."""
     if not getattr(rollout, "tools", None):
         return engine
     from megatron_rlep.rollout.tools import ToolEngine, Toolbox
 
     return ToolEngine(engine, Toolbox(list(rollout.tools), rollout.tool_timeout_s,
-                                      rollout.tool_output_chars, rollout.tool_workers),
+                                      rollout.tool_output_chars, rollout.tool_workers, sandbox),
                       rollout.max_turns)
 
 

@@ -566,7 +566,7 @@ class RolloutRank:
         self.peers = self._engine_group() if r.tensor_parallel > 1 else None
         self.engine = make_engine(r, resolve_model_path(cfg.model.path),
                                   compute_dtype(cfg.model.dtype), cfg.seed, engine_length(cfg),
-                                  dedicated=True)
+                                  dedicated=True, sandbox=cfg.sandbox)
         self.reader = index % r.tensor_parallel == 0  # it alone reads the bridge and reports
         self.stream = RolloutStream(self._generate, r.segment_tokens if r.partial else
                                     r.max_response_length, r.max_response_length,
@@ -598,12 +598,9 @@ class RolloutRank:
         """Tools in the loop (``rollout/tools.py``): this engine runs its answers' calls."""
         if not self.r.tools:
             return None
-        from megatron_rlep.rollout.tools import Turns
+        from megatron_rlep.rollout.tools import Turns, text_codec
 
-        tokenizer = self.engine.tokenizer
-        return Turns(self.engine.toolbox, lambda text: tokenizer(
-            text, add_special_tokens=False)["input_ids"],
-            lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.r.max_turns)
+        return Turns(self.engine.toolbox, *text_codec(self.engine.tokenizer), self.r.max_turns)
 
     def _generate(self, prompts, counts, seeds, max_tokens):
         r = self.r

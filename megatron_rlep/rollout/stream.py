@@ -44,10 +44,12 @@ class Answer:
     finished: bool = False  # ended on an end-of-sequence id
     done: bool = False  # finished, or at the response limit
     # with tools (rollout/tools.py, ``Turns``): the model's tokens (True) and the observations'
-    # (False), each call's status, and where the current turn's tokens start
+    # (False), each call's status, where the current turn's tokens start, and how far its
+    # tokens are known to hold no end of a code block
     mask: list = field(default_factory=list)
     calls: list = field(default_factory=list)
     turn: int = 0
+    scanned: int = 0
 
 
 @dataclass

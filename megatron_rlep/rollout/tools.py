@@ -25,62 +25,103 @@ trainer keeps observations out of the loss and its normaliser, and their log-pro
 never used. The verifier scores the model's own text, never an observation.
 
 ``python`` runs each block as a program in the code sandbox (``reward/sandbox``): no network,
-no files of the trainer's, a clean environment, a wall-clock and a CPU limit, a process cap. A
-turn's calls, across all answers, run at once on ``rollout.tool_workers`` threads.
+no files of the trainer's, a clean environment, a wall-clock and a CPU limit, a process cap.
+
+A user's tool, ``module:function``, is called with the block's text in a worker process of its
+own (``tool_workers.py``), never in the trainer's, so it sees no trainer state. Whatever it does
+becomes a short observation and the run goes on: its return value, as text and cut, is the
+output (``ok``); what it raises, ``SystemExit`` and ``KeyboardInterrupt`` too, is ``Type:
+message`` (``error``); past ``rollout.tool_timeout_s`` its process is killed (``timeout``); a
+process that dies (``os._exit``, a crash) is an ``error``; what it prints is not shown anywhere.
+It must not run the model's text as code (the ``python`` tool is for that).
+
+A turn's calls, across all answers, run ``rollout.tool_workers`` at a time, each timed from its
+own start.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import math
 import re
-import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 from megatron_rlep.errors import RunError
 from megatron_rlep.rollout.base import Completion, counts_and_seeds, request_seed
+from megatron_rlep.rollout.tool_workers import ToolWorkers, WorkerGone
 
 STOP = "\n```\n"  # the end of a code block (an opening one has a tag: ```python)
 CPU_KILLED = (137, 152, -9, -24)  # SIGKILL or SIGXCPU at the CPU-time limit
-BLOCK = re.compile(r"```([A-Za-z_][\w.]*)[ \t]*\n(.*?)\n```[ \t]*\n?\s*\Z", re.S)
+OPENING = re.compile(r"```([A-Za-z_][\w.]*)[ \t]*\n")  # a block's first line: ```python
 
 
 @dataclass(frozen=True)
 class Result:
     """What a tool call gives the model: its ``output`` text and how it went (``ok`` | ``error``
-    | ``timeout`` | ``output``, too much printed | ``infra``, the sandbox could not run it)."""
+    | ``timeout`` | ``output``, too much printed | ``infra``, the tool could not be run);
+    ``more``: how many characters of the output were cut before it got here."""
     output: str
     status: str = "ok"
+    more: int = 0
+
+
+def block_end(text: str) -> int | None:
+    """Where the first code block's end in ``text`` ends (just past its first ``STOP``, the
+    string generation stops at), None when it holds none: what ends a block, for the parser
+    (``call_of``) and for the rollout stream (``Turns``)."""
+    at = text.find(STOP)
+    return None if at < 0 else at + len(STOP)
 
 
 def call_of(text: str) -> tuple[str, str] | None:
-    """(tag, code) of the code block ``text`` ends with, or None: the block that made the
-    engine stop, closed by the fence of ``STOP``."""
-    match = BLOCK.search(text)
-    return (match.group(1), match.group(2)) if match else None
+    """(tag, code) of the code block ``text`` ends with (after its end at most white space, the
+    rest of the token that completed ``STOP``), or None: the block that made the engine stop,
+    opened by the last tagged fence before its end."""
+    end = block_end(text)
+    if end is None or text[end:].strip():
+        return None
+    close = end - len(STOP)
+    openings = list(OPENING.finditer(text, 0, close))
+    return (openings[-1].group(1), text[openings[-1].end():close]) if openings else None
 
 
 def observation(result: Result, limit: int) -> str:
     """The ``output`` block the model reads: the output cut to ``limit`` characters, saying
     how much was left out."""
-    text = result.output.rstrip("\n")
-    if len(text) > limit:
-        text = f"{text[:limit]}\n... ({len(text) - limit} more characters)"
+    text = result.output if result.more else result.output.rstrip("\n")
+    more = max(len(text) - limit, 0) + result.more
+    if more:
+        text = f"{text[:limit]}\n... ({more} more characters)"
     return f"```output\n{text}\n```\n"
 
 
-class PythonTool:
-    """``python``: a block runs as ``main.py`` in the code sandbox; the model sees its standard
-    output, then its error's last line if it failed."""
+def text_codec(tokenizer):
+    """(encode, decode) of ``tokenizer`` for answers with tools: ``encode`` tokenises an
+    observation as plain text (a printed ``<|im_end|>`` is its characters' tokens, never the
+    special token), ``decode`` gives the model's text without special tokens."""
+    return (lambda text: tokenizer(text, add_special_tokens=False,
+                                   split_special_tokens=True)["input_ids"],
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
-    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, output_bytes: int = 65536):
-        from megatron_rlep.reward.sandbox import Limits, Sandbox
+
+class PythonTool:
+    """``python``: a block runs as ``main.py`` in the code sandbox, the code answers' own
+    (``sandbox``: the ``sandbox`` config, None for its defaults), its output unbuffered; the
+    model sees its standard output (what it printed before a time-out too), then its error's
+    last line if it failed."""
+
+    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, output_bytes: int = 65536,
+                 sandbox=None):
+        from megatron_rlep.reward.sandbox import Limits, Sandbox, isolation
 
         self.sandbox = Sandbox(Limits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)),
-                                      memory_mb=memory_mb, output_bytes=output_bytes))
+                                      memory_mb=memory_mb, output_bytes=output_bytes),
+                               unbuffered=True, **isolation(sandbox))
         self.timeout_s, self.output_bytes = timeout_s, output_bytes
         self.cpu_s = self.sandbox.limits.cpu_s
 
@@ -103,45 +144,60 @@ class PythonTool:
         return Result(outcome.stdout)
 
 
-def user_tool(spec: str):
-    """A user's tool, ``module:function``: ``function(code: str) -> str`` (or a ``Result``),
-    called in the trainer's process with the block's text. It must not run the model's text as
-    code itself (the sandbox's ``python`` tool is for that)."""
-    module, _, name = spec.partition(":")
-    try:
-        function = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
-        raise RunError(f"rollout.tools entry {spec!r} does not import ({error}); give a "
-                       "built-in tool (python) or module:function on the Python path") from None
-
-    def run(code: str) -> Result:
-        try:
-            out = function(code)
-        except Exception as error:  # the model's input broke the tool: the model reads why
-            return Result(f"{type(error).__name__}: {error}", "error")
-        return out if isinstance(out, Result) else Result(str(out))
-    return name, run
-
-
 class Toolbox:
-    """The run's tools by tag, and the pool of threads their calls run on."""
+    """The run's tools by tag, each a function from a block's text to a ``Result``; a user's
+    tools run in worker processes (``tool_workers.py``), ended by ``close``."""
 
-    def __init__(self, specs, timeout_s: float = 5.0, output_chars: int = 512, workers: int = 8):
-        self.tools = {}
+    def __init__(self, specs, timeout_s: float = 5.0, output_chars: int = 512, workers: int = 8,
+                 sandbox=None):
+        """``sandbox``: the ``sandbox`` config the ``python`` tool runs under (None: its
+        defaults)."""
         for spec in specs:
-            if spec == "python":
-                self.tools["python"] = PythonTool(timeout_s)
-            elif ":" in spec:
-                name, run = user_tool(spec)
-                self.tools[name] = run
-            else:
+            if spec != "python" and ":" not in spec:
                 raise RunError(f"rollout.tools entry {spec!r} is unknown; use python or a "
                                "function of your own as module:function")
+        self.tools = {"python": PythonTool(timeout_s, sandbox=sandbox)} if "python" in specs else {}
         self.output_chars, self.workers, self.timeout_s = output_chars, workers, timeout_s
         self.seconds = 0.0  # time spent running calls, summed over turns (not over calls)
+        own = [spec for spec in specs if spec != "python"]
+        self.processes = ToolWorkers(own, output_chars, workers)
+        self._finalizer = weakref.finalize(self, self.processes.close)
+        if own:
+            self._import(own)
+
+    def close(self) -> None:
+        """The user's tools' worker processes ended (or, without a call to this, when the
+        toolbox is collected or the trainer exits)."""
+        self._finalizer()
+
+    def _import(self, specs: list[str]) -> None:
+        """The user's tools imported in a first worker, or a stop naming the one that fails."""
+        try:
+            errors = self.processes.start()
+        except WorkerGone as gone:
+            self.close()
+            raise RunError(f"rollout.tools entries {', '.join(specs)} do not import ({gone}); "
+                           "give module:function entries that import on the Python path") from None
+        if errors:
+            self.close()
+            spec, why = next(iter(errors.items()))
+            raise RunError(f"rollout.tools entry {spec!r} does not import ({why}); give a "
+                           "built-in tool (python) or module:function on the Python path")
+        for spec in specs:
+            name = spec.partition(":")[2]
+            self.tools[name] = functools.partial(self._call, name)
+
+    def _call(self, name: str, code: str) -> Result:
+        return Result(*self.processes.call(name, code, self.timeout_s))
+
+    def __enter__(self) -> Toolbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def run(self, calls: list[tuple[str, str]], collective: bool = False) -> list[Result]:
-        """Every (tag, code) call at once, in order. ``collective``: every rank holds the same
+        """Every (tag, code) call's result, in order. ``collective``: every rank holds the same
         calls; rank 0 runs them and every rank gets its results (a program's output may differ
         from run to run, and ranks must append the same tokens)."""
         if not calls:
@@ -157,27 +213,19 @@ class Toolbox:
         self.seconds += time.perf_counter() - start
         return out
 
-
     def _run_all(self, calls: list[tuple[str, str]]) -> list[Result]:
-        """The calls on threads, ``workers`` at a time. A user's tool still running
-        ``timeout_s`` after it is waited for is a time-out, its thread left behind (a daemon:
-        it keeps no process from ending); the sandbox ends a ``python`` call itself (on a busy
-        machine later than its wall clock, so it is not timed here)."""
-        gate, out = threading.Semaphore(self.workers), [None] * len(calls)
-
-        def call(i: int, tag: str, code: str) -> None:
-            with gate:
-                out[i] = self.tools[tag](code)
-        threads = [threading.Thread(target=call, args=(i, *c), daemon=True, name="tool")
-                   for i, c in enumerate(calls)]
-        for thread in threads:
-            thread.start()
-        for i, ((tag, _), thread) in enumerate(zip(calls, threads)):
-            thread.join(None if tag == "python" else self.timeout_s)
-            if thread.is_alive():
-                out[i] = Result(f"TimeoutError: the tool ran longer than {self.timeout_s:g} s",
-                                "timeout")
-        return out
+        """The calls on threads, ``workers`` at a time. Each call ends itself: a user's tool at
+        its deadline, a ``python`` call in the sandbox (on a busy machine later than its wall
+        clock, so it is not timed here)."""
+        def call(tag_code: tuple[str, str]) -> Result:
+            tag, code = tag_code
+            try:
+                return self.tools[tag](code)
+            except Exception as error:  # the tool's machinery failed, not the model's input
+                return Result(f"the tool could not run ({type(error).__name__}: {error})",
+                              "infra")
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="tool") as pool:
+            return list(pool.map(call, calls))
 
 
 @dataclass
@@ -260,18 +308,34 @@ class Turns:
     appended, tagged with the version current then (never trained: masked)."""
 
     stop = (STOP,)
+    OVERLAP = 8  # tokens decoded again before the new ones (``end_of_block``)
 
     def __init__(self, toolbox: Toolbox, encode, decode, max_turns: int):
         self.toolbox, self.encode, self.decode, self.max_turns = toolbox, encode, decode, max_turns
 
     def end_of_block(self, answer) -> int | None:
-        """The length ``answer`` has once cut after the token that completes ``STOP`` in its
-        current turn; None when its turn holds none."""
-        turn = answer.token_ids[answer.turn:]
-        if STOP not in self.decode(turn):
+        """The length ``answer`` has once cut after the token that completes a block's end
+        (``block_end``) in its current turn; None when its turn holds none.
+
+        Only the tokens new since the last look are decoded (``answer.scanned``: up to there
+        the turn holds no end), with ``OVERLAP`` tokens before them: an end that a new token
+        completes starts at most 4 characters before it, ASCII ones, in at most 4 tokens, and 8
+        leave room for tokens that decode to nothing (special ones) between them. Whether a
+        prefix holds an end only grows with its length, so the completing token is found by
+        bisection: the cost grows with the new tokens, not with the turn."""
+        ids, first = answer.token_ids, max(answer.scanned, answer.turn)
+        start = max(first - self.OVERLAP, answer.turn)
+
+        def ends(stop: int) -> bool:
+            return block_end(self.decode(ids[start:stop])) is not None
+        if not ends(len(ids)):
+            answer.scanned = len(ids)
             return None
-        return answer.turn + next(k for k in range(1, len(turn) + 1)
-                                  if STOP in self.decode(turn[:k]))
+        low, high = first, len(ids)  # the prefix to low holds no end, to high holds one
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if ends(middle) else (middle, high)
+        return high
 
     def after(self, answers: list, version: int, max_tokens: int) -> None:
         calls = []
@@ -314,7 +378,6 @@ class ToolEngine:
             return self.engine.generate(prompts, n, temperature=temperature, top_p=top_p,
                                         max_tokens=max_tokens, seed=seed, progress=progress,
                                         stop=stop)
-        tokenizer = self.engine.tokenizer
         counts, seeds = counts_and_seeds(len(prompts), n, seed)
         jobs = [(i, seeds[i] + j) for i, c in enumerate(counts) for j in range(c)]
 
@@ -322,10 +385,9 @@ class ToolEngine:
             out = self.engine.generate(contexts, 1, temperature=temperature, top_p=top_p,
                                        max_tokens=limit, seed=turn_seeds, stop=(STOP,))
             return [group[0] for group in out]
-        flat = run_turns(turn, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                         lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                         self.toolbox, [prompts[i] for i, _ in jobs], [s for _, s in jobs],
-                         max_tokens, self.max_turns)
+        flat = run_turns(turn, *text_codec(self.engine.tokenizer), self.toolbox,
+                         [prompts[i] for i, _ in jobs], [s for _, s in jobs], max_tokens,
+                         self.max_turns)
         out: list[list[Completion]] = [[] for _ in prompts]
         for (i, _), c in zip(jobs, flat):
             out[i].append(c)
