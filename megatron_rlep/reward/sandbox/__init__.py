@@ -26,7 +26,7 @@ channel between them, also used here).
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import select
 import selectors
@@ -198,7 +198,7 @@ class Sandbox:
                                     pass_fds=(read,))
             os.close(read)
             with os.fdopen(write, "wb") as channel:
-                channel.write(json.dumps(config).encode())
+                channel.write(marshal.dumps(config))
         except OSError as err:
             for fd in (read, write):
                 try:
