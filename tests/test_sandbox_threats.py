@@ -534,3 +534,57 @@ def test_a_training_run_on_a_node_that_refuses_landlock_stops_at_start(tmp_path)
     assert "missing landlock" in errors[0] and "sandbox.allow_missing=[landlock]" in errors[0]
     assert not (tmp_path / "run" / "checkpoints").exists()
     assert time.monotonic() - start < scaled(120)
+
+
+def run_filter(program: list, arch: int, number: int, *args: int) -> int:
+    """What the classic BPF ``program`` returns for a system call (the few instructions
+    ``seccomp_program`` uses: load a word, jump if equal, greater or equal, or any bit set,
+    return)."""
+    data = [number, arch] + [0, 0] + [word for a in args for word in (a & 0xFFFFFFFF, a >> 32)]
+    data += [0] * (16 - len(data))
+    a, pc = 0, 0
+    while True:
+        code, jt, jf, k = program[pc]
+        if code == 0x20:  # A = seccomp_data's word at k
+            a, pc = data[k // 4], pc + 1
+        elif code in (0x15, 0x35, 0x45):
+            taken = a == k if code == 0x15 else a >= k if code == 0x35 else bool(a & k)
+            pc += 1 + (jt if taken else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"an instruction the filter should not hold: {code:#x}")
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_filter_decides_each_kind_on_both_architectures(machine):
+    """The filter run instruction by instruction on hand-picked calls, for both architectures
+    the project runs on (this machine's kernel runs only its own: aarch64's table, a GH200
+    node's, is checked here alone)."""
+    from megatron_rlep.reward.sandbox.sandbox_init import seccomp_program
+
+    program = seccomp_program(machine)
+    column, arch = ARCHES[machine]
+    n = {name: numbers[column] for name, numbers in NUMBERS.items()}
+    allow, kill = 0x7FFF0000, 0x80000000
+    errno = lambda e: 0x50000 | e  # noqa: E731
+    read = {"x86_64": 0, "aarch64": 63}[machine]
+    cases = [((read, 3, 0, 10), allow),
+             ((n["socket"], 1, 1), allow), ((n["socket"], 2, 1), errno(97)),
+             ((n["socket"], 16, 3), errno(97)), ((n["socket"], 40, 1), errno(97)),
+             ((n["socketpair"], 1, 1), allow), ((n["socketpair"], 10, 1), errno(97)),
+             ((n["clone"], 0x01200011), allow),  # fork's flags
+             ((n["clone"], 0x003D0F00), allow),  # a thread's
+             ((n["clone"], 0x10000000 | 17), errno(1)), ((n["clone"], 0x20000 | 17), errno(1)),
+             ((n["clone3"], 0), errno(38)), ((n["io_uring_setup"], 4, 0), errno(38)),
+             ((n["ioctl"], 0, 0x5412), errno(1)), ((n["ioctl"], 0, 0x5401), allow),
+             ((n["mount"], 0), errno(1)), ((n["unshare"], 0x10000000), errno(1)),
+             ((n["ptrace"], 0), errno(1)), ((n["bpf"], 0), errno(1)), ((n["keyctl"], 0), errno(1)),
+             ((n["perf_event_open"], 0), errno(1)), ((n["userfaultfd"], 1), errno(1)),
+             ((n["capset"], 0), allow), ((n["landlock_restrict_self"], 0), allow)]
+    for (number, *args), expected in cases:
+        assert run_filter(program, arch, number, *args) == expected, (machine, number, args)
+    other = ARCHES["aarch64" if machine == "x86_64" else "x86_64"][1]
+    assert run_filter(program, other, read) == kill  # another architecture's ABI
+    assert run_filter(program, 0x40000003, read) == kill  # i386 on x86_64
+    assert run_filter(program, arch, 0x40000000 + read) == kill  # x32's numbers

@@ -21,7 +21,7 @@ the step below that closes it.
 4. Landlock: writes only under /work, /tmp and /dev/shm; no TCP; no abstract UNIX socket and no
    signal outside the sandbox (ABI 6 and later).
 5. Every capability dropped, the bounding set included; no_new_privs.
-6. A seccomp filter that denies whole kinds of system call (``DENY`` says which and why); a
+6. A seccomp filter that denies whole kinds of system call (``NUMBERS`` groups them by kind); a
    call of another architecture's ABI kills the process.
 7. Init forks the program with resource limits (CPU seconds, address space, processes, file
    size, open files, no core) at the lowest CPU priority, waits for it, reaps orphans and
@@ -98,12 +98,13 @@ NUMBERS = {
     "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264),
     "fanotify_init": (300, 262), "vhangup": (153, 58),
 }
-DENY = [name for name in NUMBERS if name not in (
-    "socket", "socketpair", "clone", "clone3", "ioctl", "capset", "io_uring_setup",
-    "io_uring_enter", "io_uring_register", "landlock_create_ruleset", "landlock_add_rule",
-    "landlock_restrict_self")]
-ABSENT = ["clone3", "io_uring_setup", "io_uring_enter", "io_uring_register"]  # ENOSYS: libraries
-# fall back (glibc's threads to clone, whose flags the filter can read)
+# the filter: calls it reads the arguments of, calls it allows (the sandbox's own set-up uses
+# them, and they only restrict the caller), calls it answers ENOSYS (libraries fall back: glibc's
+# threads to clone, whose flags it can read), and the rest of NUMBERS, denied
+BY_ARGUMENT = ("socket", "socketpair", "clone", "ioctl")
+ALLOWED = ("capset", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self")
+ABSENT = ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register")
+DENY = tuple(name for name in NUMBERS if name not in BY_ARGUMENT + ALLOWED + ABSENT)
 AF_UNIX, TIOCSTI, TIOCLINUX = 1, 0x5412, 0x541C
 EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
 RET_ALLOW, RET_ERRNO, RET_KILL = 0x7FFF0000, 0x50000, 0x80000000
