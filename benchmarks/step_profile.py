@@ -10,7 +10,8 @@ rollout of the job `benchmarks/peer_trl.py` times, split into matrix products an
 - `rollout`: one vLLM generation of the demo's step, 4 prompts x 6 answers of up to 32 tokens at
   temperature 1 (vLLM's CPU build; left out where it does not import).
 For each: the median wall seconds over ``--repeats`` (after one warm-up), then one profiled run:
-the share of its CPU time in matrix products (the kernels named in MATMUL) and the ``--top``
+the share of its CPU time in matrix products (``is_matmul``: by what an operator is, on any
+CPU's kernels) and the ``--top``
 other operators. Matrix products at this CPU's peak are the floor no change to the rest can
 pass; the rest is what overhead work there is to remove. Prints JSON (and writes it to ``--json``).
 ``--model`` takes another model's directory (tests/test_step_profile.py runs it on a tiny one).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -28,7 +30,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "_C::onednn_mm", "aten::linear")
+# a matrix product by what it is, whichever library this CPU's build dispatches it to: aten's mm,
+# addmm, bmm, baddbmm, matmul and linear, oneDNN's and MKL's kernels (mkldnn::_linear_pointwise,
+# _C::onednn_mm, mkl_linear, mkldnn_matmul), a GEMM
+MATMUL = re.compile(r"(^|[:_])(mm|addmm|addmm_activation|bmm|baddbmm|matmul|linear|"
+                    r"linear_pointwise|onednn_mm|mkldnn_matmul|mkl_linear|gemm)$", re.I)
+
+
+def is_matmul(key: str) -> bool:
+    """Whether the profiler's operator ``key`` is a matrix product."""
+    return bool(MATMUL.search(key))
 
 
 def timed(run, repeats: int, top: int) -> dict:
@@ -44,10 +55,10 @@ def timed(run, repeats: int, top: int) -> dict:
         run()
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in ops) or 1
-    matmul = sum(e.self_cpu_time_total for e in ops if e.key in MATMUL)
+    matmul = sum(e.self_cpu_time_total for e in ops if is_matmul(e.key))
     return {"median_s": statistics.median(seconds), "matmul_share": matmul / total,
             "other_ops": {e.key: round(e.self_cpu_time_total / total, 4)
-                          for e in [e for e in ops if e.key not in MATMUL][:top]}}
+                          for e in [e for e in ops if not is_matmul(e.key)][:top]}}
 
 
 def rollout_run(dtype: str, model: str = "smollm2-135m"):

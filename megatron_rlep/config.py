@@ -329,7 +329,7 @@ class LoggingConfig:
 
 @dataclass
 class CodeSandboxConfig:
-    """What a code answer's program may use, per test run (megatron_rlep/reward/sandbox.py)."""
+    """What a code answer's program may use, per test run (megatron_rlep/reward/sandbox/)."""
     # time running or asleep (not waiting for a CPU); 10x wall clock at most
     wall_s: float = at_least(0.1, default=10.0)
     cpu_s: int = at_least(1, default=10)

@@ -6,6 +6,8 @@ What it checks, over README.md and docs/ (no network, no model; a second at most
   link's #anchor to a heading of the page it names;
 - every path under docs/ that a page, or the code (megatron_rlep/, benchmarks/, studies/, tools/,
   tests/, scripts/, slurm/, conf/), names exists (a record, a page; a glob matches something);
+- every file of the code that a page or the code names exists, or is named where git keeps it
+  (``git show REV:PATH`` in the same text, REV holding PATH);
 - records (JSON, PNG, JSONL) live in folders by study under docs/records/, none loose in docs/,
   and every one is cited by some page;
 - no page is longer than 400 lines.
@@ -13,6 +15,7 @@ What it must not do: judge what a page says.
 """
 import fnmatch
 import re
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +27,10 @@ CODE_DIRS = ("megatron_rlep", "benchmarks", "studies", "tools", "tests", "script
 CODE_SUFFIXES = {".py", ".sh", ".yaml", ".sbatch", ".md", ".txt", ".cfg"}
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# a file of the code (metric names such as tools/ok_share have no suffix: not paths)
+CODE_PATH = re.compile(r"(?<![\w/.$-])(?:" + "|".join(CODE_DIRS) + r")/[\w./*-]*"
+                       r"\.(?:py|sh|yaml|sbatch|md|txt|cfg|json|jsonl|parquet)(?![\w/])")
+IN_GIT = re.compile(r"git show\s+(\w+):(\S+?\.\w+)")
 DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./*-]*\w")
 
 
@@ -81,10 +88,15 @@ def test_every_relative_link_resolves():
     assert not broken, f"links to nothing: {broken}"
 
 
-def test_every_docs_path_named_exists():
+def code_and_pages() -> list[Path]:
     sources = [REPO / "README.md", *pages()]
     for folder in CODE_DIRS:
         sources += [p for p in (REPO / folder).rglob("*") if p.suffix in CODE_SUFFIXES and p.is_file()]
+    return sources
+
+
+def test_every_docs_path_named_exists():
+    sources = code_and_pages()
     files = [rel(p) for p in DOCS.rglob("*") if p.is_file()]
     dirs = {rel(p) for p in DOCS.rglob("*") if p.is_dir()} | {"docs"}
     missing = []
@@ -94,6 +106,27 @@ def test_every_docs_path_named_exists():
             if not found:
                 missing.append(f"{rel(source)}: {path}")
     assert not missing, f"paths under docs/ that do not exist: {missing}"
+
+
+def test_every_code_path_named_exists():
+    """The platform module's file named after it became a package, a benchmark's command after
+    the script was removed: a reader finds nothing there."""
+    missing, in_git = [], set()
+    for source in code_and_pages():
+        text = source.read_text(errors="replace")
+        kept = dict((path, rev) for rev, path in IN_GIT.findall(text))
+        in_git |= set(kept.items())
+        for path in set(CODE_PATH.findall(text)):
+            found = list(REPO.glob(path)) if "*" in path else (REPO / path).exists()
+            if not found and path not in kept:
+                missing.append(f"{rel(source)}: {path}")
+    assert not missing, f"paths of the code that do not exist: {missing}"
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO,
+                             capture_output=True, text=True).stdout.strip()
+    if shallow == "false":  # a full clone: git keeps what the texts say it keeps
+        lost = [f"{rev}:{path}" for path, rev in sorted(in_git) if subprocess.run(
+            ["git", "cat-file", "-e", f"{rev}:{path}"], cwd=REPO).returncode]
+        assert not lost, f"git show names what git does not hold: {lost}"
 
 
 def test_records_are_in_folders_by_study_and_each_is_cited():

@@ -15,7 +15,7 @@ from tiny import make_model
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "step_profile.py"
 sys.path.insert(0, str(SCRIPT.parent))
-from step_profile import timed  # noqa: E402
+from step_profile import is_matmul, timed  # noqa: E402
 
 
 def test_matrix_products_and_the_rest_are_told_apart():
@@ -32,6 +32,30 @@ def test_matrix_products_and_the_rest_are_told_apart():
     assert "aten::add" in result["other_ops"] and "aten::mm" not in result["other_ops"]
     assert len(result["other_ops"]) <= 3
     assert 0 < result["other_ops"]["aten::add"] < 1 - result["matmul_share"] + 1e-9
+
+
+def test_matrix_products_are_known_by_what_they_are_on_any_cpus_kernels():
+    """By name on the kernels CPUs dispatch to (an EPYC without AVX-512 runs a linear layer as
+    oneDNN's ``mkldnn::_linear_pointwise``, which a fixed list missed: a share of 0.0), and on
+    this CPU's own: whatever takes most of a linear layer's and a product's time here is one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
+                "aten::matmul", "aten::_addmm_activation", "mkldnn::_linear_pointwise",
+                "_C::onednn_mm", "aten::_mkl_linear", "aten::mkldnn_matmul"):
+        assert is_matmul(key), key
+    for key in ("aten::add", "aten::comm", "aten::copy_", "aten::softmax", "aten::mul",
+                "aten::linear_backward_stub", "aten::empty"):
+        assert not is_matmul(key), key
+    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    layer = torch.nn.Linear(1024, 1024)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, torch.no_grad():
+        for _ in range(4):
+            torch.nn.functional.linear(x, w), layer(x), x @ w, torch.bmm(x[None], w[None])
+    ops = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ops)
+    heavy = [e.key for e in ops if e.self_cpu_time_total > 0.1 * total]
+    assert heavy and all(is_matmul(key) for key in heavy), heavy
 
 
 @pytest.mark.e2e
