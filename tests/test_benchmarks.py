@@ -31,6 +31,7 @@ TINY_RUNS = {
     "pool_build.py": "test_benchmarks.py",
     "replay_step.py": "test_benchmarks.py",
     "rollout_engines.py": "test_benchmarks.py",
+    "sandbox_latency.py": "test_benchmarks.py",
     "sandbox_throughput.py": "test_benchmarks.py",
     "score_throughput.py": "test_benchmarks.py",
     "step_profile.py": "test_step_profile.py",
@@ -82,6 +83,13 @@ def test_the_sandbox_runs_programs_answers_and_the_judge():
                                for t in ("check", "pytest")}
     assert all(row[way]["per_s"] > 0 for row in r["judge"].values()
                for way in ("judge", "one_process"))
+
+
+def test_the_sandbox_latency_is_measured_in_two_trees_taken_in_turn():
+    r = last_json(run("sandbox_latency.py", "--calls", 2, "--rounds", 1, "--trees", REPO, REPO,
+                      timeout=120))
+    for key in ("trivial_program_ms", "tool_call_ms", "tool_calls_per_s_8_workers"):
+        assert r[key]["A"] > 0 and r[key]["B"] > 0 and r[key]["B_over_A"] > 0, r
 
 
 def test_tool_calls_at_once_and_one_after_another_make_the_same_answers():

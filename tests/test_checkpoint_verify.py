@@ -32,8 +32,8 @@ def test_phase_timers_count_what_they_wrap_and_restore_it(monkeypatch):
         assert dist_checkpointing.save({}, "nowhere") == "written"
         checkpoint._publish(None, None, {})
     assert dist_checkpointing.save is slow_write  # the benchmark's wrappers are gone
-    assert 0.2 <= phases["dist_checkpointing_save"] < 2.0
-    assert 0.1 <= phases["manifest_publish"] < 2.0
+    assert 0.2 <= phases["dist_checkpointing_save"] < 0.2 + scaled(1.8)
+    assert 0.1 <= phases["manifest_publish"] < 0.1 + scaled(1.9)
     assert phases["sharded_state_dicts"] == 0.0
     assert len(top) == 2 and all(row["cumulative_s"] >= 0.1 for row in top), top
 
