@@ -6,6 +6,7 @@ stderr with exit status 2, never as a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable
 
@@ -19,6 +20,15 @@ USER_ERRORS = (ConfigError, DataError, FileNotFoundError, RunError)
 def fail(err: Exception) -> None:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(2)
+
+
+@contextlib.contextmanager
+def user_errors_in_one_line():
+    """A mistake the user can fix (``USER_ERRORS``) raised inside: ``fail``."""
+    try:
+        yield
+    except USER_ERRORS as err:
+        fail(err)
 
 
 def die_with_parent() -> None:
@@ -131,11 +141,13 @@ def with_cpu_runtime() -> None:
 
 def gpu_problem(cfg) -> str | None:
     """Why ``cfg`` cannot run here: its model needs a GPU (``model.needs_gpu``) and none is
-    visible; None when it can."""
+    visible; None when it can. Counted by NVML (``torch.cuda.device_count()`` before CUDA
+    starts), which starts no CUDA: ``torch.cuda.is_available()`` would, and CUDA reads
+    CUDA_VISIBLE_DEVICES once, when it starts (megatron_rlep/roles.py)."""
     import torch
 
     model = getattr(cfg, "model", None)
-    if model is None or not model.needs_gpu or torch.cuda.is_available():
+    if model is None or not model.needs_gpu or torch.cuda.device_count() > 0:
         return None
     return (f"the model {model.path} needs a GPU (model.needs_gpu=true) but torch sees none "
             "here; run it on GPU nodes (sbatch --gpus-per-node=8 ...), or set "
@@ -148,14 +160,13 @@ def check_gpu(cfg) -> None:
         raise RunError(problem)
 
 
-def check_command_line(config_name: str = "config") -> None:
+def check_command_line(config_name: str = "config") -> list:
     """This command line's overrides (sweeps expanded) against ``config_name``'s schema: a
-    mistake is one line on stderr and exit status 2. Light (Hydra and OmegaConf only), so an
-    entry point calls it before its heavy imports: the user hears of a typo in about a second."""
-    try:
-        check_overrides(sys.argv[1:], config_name)
-    except USER_ERRORS as err:
-        fail(err)
+    mistake is one line on stderr and exit status 2; else its jobs' configs. Light (Hydra and
+    OmegaConf only), so an entry point calls it before its heavy imports: the user hears of a
+    typo in about a second."""
+    with user_errors_in_one_line():
+        return check_overrides(sys.argv[1:], config_name)
 
 
 def hydra_entry(job: Callable[[Config], object], config_name: str = "config") -> None:
@@ -168,11 +179,9 @@ def hydra_entry(job: Callable[[Config], object], config_name: str = "config") ->
 
     @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base=None)
     def _main(raw):
-        try:
+        with user_errors_in_one_line():
             cfg = load_config(raw, SCHEMAS[config_name])
             check_gpu(cfg)
             return job(cfg)
-        except USER_ERRORS as err:
-            fail(err)
 
     _main()

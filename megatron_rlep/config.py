@@ -725,7 +725,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return jobs
 
 
-def check_overrides(overrides: list[str], config_name: str = "config") -> None:
-    """Compose and check every job of a command line (sweeps expanded) before Hydra runs it."""
-    for job in expand_sweep(overrides):
-        compose(job, config_name)
+def check_overrides(overrides: list[str], config_name: str = "config") -> list:
+    """Compose and check every job of a command line (sweeps expanded) before Hydra runs it:
+    their configs."""
+    return [compose(job, config_name) for job in expand_sweep(overrides)]

@@ -27,10 +27,13 @@ torchrun gives its ranks only torchrun's 30-second grace before SIGKILL.
 from __future__ import annotations
 
 if __name__ == "__main__":  # a mistyped key, value or preset: said before torch and Megatron load
-    from megatron_rlep.cli import check_command_line, with_cpu_runtime
+    from megatron_rlep.cli import check_command_line, user_errors_in_one_line, with_cpu_runtime
+    from megatron_rlep.roles import take_role
 
-    check_command_line("config")
+    JOBS = check_command_line("config")
     with_cpu_runtime()  # may run this command again, so before the heavy imports
+    with user_errors_in_one_line():  # this rank's side and GPU, before anything starts CUDA
+        ROLE = take_role(JOBS)
 
 import json  # noqa: E402
 import math
@@ -581,21 +584,21 @@ def name_and_place(cfg: Config) -> None:
         cfg.logging.name = ",".join(shown) or Path(cfg.run_dir).name
 
 
-def main(cfg: Config) -> None:
+def main(cfg: Config, role: tuple[str, int, int] | None) -> None:
+    """One job of ``cfg``; ``role``: this rank's side of a disaggregated job, as
+    ``roles.take_role`` chose it when the process started (None: colocated)."""
     import logging
 
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-bucket parameter listings
     name_and_place(cfg)
-    if cfg.rollout.placement == "disaggregated":
-        role, index, learners = placement.split(cfg)
-        if role == "rollout":
-            placement.rollout_rank_main(cfg, index, learners)
-            # its work is done and said (the engine closed, learner 0 told): the bridge's links
-            # go with the process, not through gloo's destructors at the interpreter's exit,
-            # which call std::terminate when a peer's last heartbeats are still arriving
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+    if role is not None and role[0] == "rollout":
+        placement.rollout_rank_main(cfg, role[1], role[2])
+        # its work is done and said (the engine closed, learner 0 told): the bridge's links
+        # go with the process, not through gloo's destructors at the interpreter's exit,
+        # which call std::terminate when a peer's last heartbeats are still arriving
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     trainer = Trainer(cfg)
     trainer.run()
     if dist.is_initialized():
@@ -609,4 +612,4 @@ def main(cfg: Config) -> None:
 if __name__ == "__main__":
     from megatron_rlep.cli import hydra_entry
 
-    hydra_entry(main, "config")
+    hydra_entry(lambda cfg: main(cfg, ROLE), "config")

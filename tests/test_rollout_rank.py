@@ -52,35 +52,6 @@ def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itsel
     assert isinstance(FakeBridge.last.sent[0], messages.Failed)  # said before the rank exits
 
 
-def test_a_rollout_rank_sees_only_its_own_gpu_before_anything_touches_cuda(monkeypatch):
-    """Finding 1: each rollout rank keeps its node-local device visible, as device 0, before
-    the bridge (whose weight group is NCCL's on GPUs) or the engine start."""
-    cfg = compose(["rollout.placement=disaggregated", "rollout.ranks=1"])
-    env = {"LOCAL_RANK": "3", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
-    placement.own_device(env)
-    assert env == {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "7", "NCCL_CUMEM_ENABLE": "0"}
-    env = {"SLURM_LOCALID": "2"}
-    monkeypatch.setattr(placement.os.path, "exists", lambda path: path == "/dev/nvidiactl")
-    placement.own_device(env)
-    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["LOCAL_RANK"] == "0"
-    monkeypatch.setattr(placement.os.path, "exists", lambda path: False)  # a CPU node
-    env = {"LOCAL_RANK": "1"}
-    placement.own_device(env)
-    assert env == {"LOCAL_RANK": "1"}
-
-    seen = []  # the order: the device first, then the bridge
-    monkeypatch.setattr(placement, "own_device", lambda: seen.append("device"))
-
-    class Bridge(FakeBridge):
-        def __init__(self, *args):
-            seen.append("bridge")
-            raise Built
-    monkeypatch.setattr(placement, "Bridge", Bridge)
-    with pytest.raises(Built):
-        placement.rollout_rank_main(cfg, 0, 1)
-    assert seen == ["device", "bridge"]
-
-
 @pytest.fixture
 def job_store(monkeypatch):
     """The job's store, as torchrun's agent keeps it: every bridge rank is its client."""

@@ -1,8 +1,9 @@
 """Disaggregated placement: some of the job's ranks run the rollout engines all the time, the
 others train (``rollout.placement=disaggregated``, ``rollout.ranks``).
 
-Under torchrun or srun every rank starts the same command. ``split(cfg)`` decides: the last
-``rollout.ranks`` ranks are rollout ranks (``rollout_rank_main``), the rest learners, whose
+Under torchrun or srun every rank starts the same command. ``roles.take_role`` decides as the
+process starts, before CUDA does (megatron_rlep/roles.py): the last ``rollout.ranks`` ranks are
+rollout ranks (``rollout_rank_main``), each with a GPU of its own, the rest learners, whose
 process group, Megatron's and every collective of the trainer's, holds only the learners. The
 two sides meet on a *bridge*: a process group of its own (gloo for messages; the job's backend,
 NCCL on GPUs, for weights) of learner 0 and the rollout ranks, met through the job's own store
@@ -51,42 +52,6 @@ def nccl_options(timeout_s: float):
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = datetime.timedelta(seconds=max(timeout_s, 60))
     return options
-
-
-def split(cfg) -> tuple[str, int, int]:
-    """("learner" | "rollout", this rank's place on its side, the learners' count), from
-    torchrun's or srun's variables; a learner's WORLD_SIZE is set to the learners'."""
-    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    rollout = cfg.rollout.ranks
-
-    if rollout >= world:
-        raise ConfigError(f"config key rollout.ranks={rollout} leaves no rank to train in a job "
-                          f"of {world}; start more ranks (torchrun --nproc_per_node, sbatch -N) "
-                          "or lower rollout.ranks")
-    learners = world - rollout
-    if rank < learners:
-        os.environ["WORLD_SIZE"], os.environ["RANK"] = str(learners), str(rank)
-        return "learner", rank, learners
-    return "rollout", rank - learners, learners
-
-
-def own_device(env=os.environ) -> None:
-    """A rollout rank's GPU, chosen before anything touches CUDA (CUDA reads
-    CUDA_VISIBLE_DEVICES once, at its start): only its node-local device stays visible, as
-    device 0. Otherwise vLLM's single-process executor (tensor parallelism 1) takes device 0,
-    and every engine of a node lands on one GPU (out of memory, or NCCL's duplicate GPU). Where
-    CUDA_VISIBLE_DEVICES is unset the node's devices are 0..n-1 (a node without
-    /dev/nvidiactl has none, and keeps its environment)."""
-    local = int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0)
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    if not visible and not os.path.exists("/dev/nvidiactl"):
-        return
-    env["CUDA_VISIBLE_DEVICES"] = visible[local % len(visible)] if visible else str(local)
-    env["LOCAL_RANK"] = "0"  # its one device, for vLLM's launcher and the bridge's NCCL group
-    # NCCL's cuMem allocations do not mix with vLLM's own memory pool when weights are
-    # broadcast into a running engine (verl sets it for the same path)
-    env.setdefault("NCCL_CUMEM_ENABLE", "0")
 
 
 def job_store(name: str, timeout: datetime.timedelta) -> dist.Store:
@@ -526,7 +491,8 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     """A rollout rank: its engine, its stream of flights, and the learner's requests, until
     told to stop. A failure is sent to learner 0 in one line before this rank exits."""
     r = cfg.rollout
-    own_device()
+    if torch.cuda.is_available():  # its one visible device (roles.own_device), taken before
+        torch.cuda.set_device(0)  # the bridge's NCCL group and the engine use one
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
 
     def stopped(signum, frame):

@@ -1,0 +1,86 @@
+"""A rank's side and GPU (megatron_rlep/roles.py): chosen from the environment as the process
+starts, and, through the real entry point under torchrun, each rank of a disaggregated job on a
+GPU of its own (scripts/gpu_devices.sh on a fake node whose CUDA, like the real one, reads
+CUDA_VISIBLE_DEVICES once, when it starts)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from speed import scaled
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+from launch import env  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_rollout_rank_keeps_only_its_node_local_gpu_visible(monkeypatch):
+    from megatron_rlep import roles
+
+    variables = {"LOCAL_RANK": "3", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    roles.own_device(variables)
+    assert variables == {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "7", "NCCL_CUMEM_ENABLE": "0"}
+    variables = {"SLURM_LOCALID": "2"}
+    monkeypatch.setattr(roles.os.path, "exists", lambda path: path == "/dev/nvidiactl")
+    roles.own_device(variables)
+    assert variables["CUDA_VISIBLE_DEVICES"] == "2" and variables["LOCAL_RANK"] == "0"
+    monkeypatch.setattr(roles.os.path, "exists", lambda path: False)  # a CPU node
+    variables = {"LOCAL_RANK": "1"}
+    roles.own_device(variables)
+    assert variables == {"LOCAL_RANK": "1"}
+
+
+@pytest.mark.parametrize("rank, role", [("0", ("learner", 0, 2)), ("1", ("learner", 1, 2)),
+                                        ("3", ("rollout", 1, 2))])
+def test_the_last_ranks_are_rollout_ranks_and_the_learners_a_world_of_their_own(
+        monkeypatch, rank, role):
+    from megatron_rlep import roles
+    from megatron_rlep.config import ConfigError, compose
+
+    cfg, colocated = compose(["rollout.placement=disaggregated", "rollout.ranks=2"]), compose([])
+    monkeypatch.setattr(roles.os.path, "exists", lambda path: path == "/dev/nvidiactl")
+    for name in ("CUDA_VISIBLE_DEVICES", "NCCL_CUMEM_ENABLE"):  # own_device sets them
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("LOCAL_RANK", rank)
+    assert roles.take_role([cfg]) == role
+    if role[0] == "learner":
+        assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("2", rank)
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ  # every device, its own by LOCAL_RANK
+    else:
+        assert (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]) == (rank, "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="rollout.ranks=2 leaves no rank to train"):
+        roles.take_role([cfg])
+    assert roles.take_role([colocated, colocated]) is None  # every rank learns
+    with pytest.raises(ConfigError, match="sweep of 2 jobs in one launch cannot use"):
+        roles.take_role([colocated, cfg])
+
+
+@pytest.mark.e2e
+def test_each_rank_of_a_disaggregated_job_takes_a_gpu_of_its_own_from_the_entry_point(tmp_path):
+    """Finding 1 of issue 76, through ``python -m megatron_rlep.train`` under torchrun (three
+    ranks: a learner, two rollout ranks) for the needs_gpu preset model=qwen3-8b, with
+    CUDA_VISIBLE_DEVICES unset on a fake node of four GPUs: the learner on GPU 0 (LOCAL_RANK),
+    the rollout ranks on GPUs 1 and 2, whose CUDA saw only that GPU when it started. (Before,
+    the GPU check started CUDA in every rank with the four GPUs visible, before a rollout rank
+    narrowed them, and every rollout rank's engine went to GPU 0.)"""
+    out = tmp_path / "devices"
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_devices.sh"), str(out)], capture_output=True,
+        text=True, timeout=scaled(600), cwd=REPO,
+        env=env(["--nproc_per_node", "3"], FAKE_CUDA_DEVICES="4",
+                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+    log = (out / "log.txt").read_text()[-3000:] if (out / "log.txt").exists() else ""
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert "DEVICES OK" in done.stdout
+    events = [json.loads(line) for line in (out / "devices.jsonl").read_text().splitlines()]
+    taken = {e["rank"]: e["device"] for e in events if e["event"] == "device taken"}
+    assert taken == {"0": 0, "1": 1, "2": 2}, done.stdout
+    started = {e["rank"]: e["visible"] for e in events if e["event"] == "cuda started"}
+    assert started == {"0": [0, 1, 2, 3], "1": [1], "2": [2]}, done.stdout
