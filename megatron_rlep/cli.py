@@ -13,12 +13,14 @@ from typing import Callable
 from megatron_rlep.config import (CONF_DIR, SCHEMAS, Config, ConfigError, RunError,
                                    check_overrides, load_config)
 from megatron_rlep.data import DataError
+from megatron_rlep.errors import SaidElsewhere
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, RunError)
 
 
 def fail(err: Exception) -> None:
-    print(f"error: {err}", file=sys.stderr)
+    if not isinstance(err, SaidElsewhere):  # another rank prints it
+        print(f"error: {err}", file=sys.stderr)
     sys.exit(2)
 
 

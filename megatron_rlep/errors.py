@@ -12,3 +12,8 @@ class ConfigError(ValueError):
 
 class RunError(RuntimeError):
     """A run stopped for a reason the user can act on; the message is one sentence."""
+
+
+class SaidElsewhere(RunError):
+    """A fault that another rank of the job says (its one sentence): this rank exits with
+    status 2 and says nothing, so the job's log holds the sentence once."""

@@ -6,7 +6,7 @@ first (``plan``: its M replays from the experience pool, by the replay strategy,
 fresh answers the engine samples), then its fresh answers are sampled, and the fresh and the
 replayed answers are scored (``complete``). Synchronously (``collect``) the engine samples a
 whole batch at once; asynchronously the prompts go into the rollout stream
-(``rollout/stream.py``, or ``placement.RemoteStream`` on rollout ranks of their own) and the
+(``rollout/stream.py``, or ``remote_stream.RemoteStream`` on rollout ranks of their own) and the
 groups are taken as they finish, oldest first (``streamed``). Dynamic sampling drops the
 uninformative groups either way and draws more prompts.
 
@@ -27,7 +27,6 @@ from collections import Counter
 from pathlib import Path
 
 
-from megatron_rlep.rollout import placement
 from megatron_rlep.config import Config, RunError
 from megatron_rlep.data import Example
 from megatron_rlep.metrics import mean_or_none
@@ -37,7 +36,7 @@ from megatron_rlep.groups import (Group, Sample, plan_group, replay_sample, resc
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
 from megatron_rlep.rollout import answer_seed, encode_prompt, generate_sharded
-from megatron_rlep.rollout.stream import Flight, RolloutStream
+from megatron_rlep.rollout.stream import Flight
 
 
 class PromptStream:
@@ -113,20 +112,13 @@ def check_stored_sampling(pool: ExperiencePool, rollout) -> None:
 class Producer:
     """Scored groups for the learner. ``engine`` samples synchronously (None on a rank whose
     engines run on rollout ranks of their own); ``stream`` samples asynchronously (None when
-    the trainer is synchronous: ``streaming``)."""
+    the trainer is synchronous), as ``side`` (rollout/service.py) makes it."""
 
     def __init__(self, cfg: Config, tokenizer, stop_ids, scorer, pool: ExperiencePool | None,
-                 engine, train_set: list[Example], bridge=None):
+                 engine, train_set: list[Example], side):
         self.cfg, self.tokenizer, self.stop_ids, self.scorer = cfg, tokenizer, stop_ids, scorer
         self.pool, self.engine = pool, engine
-        a, r = cfg.algorithm, cfg.rollout
-        if r.placement == "disaggregated":  # learner 0's end of the bridge (None elsewhere)
-            self.stream = placement.RemoteStream(bridge, placement.engines(cfg), a.max_staleness,
-                                                 r.timeout_s)
-        else:
-            self.stream = RolloutStream(self.segment, r.segment_tokens if r.partial else
-                                        r.max_response_length, r.max_response_length,
-                                        a.max_staleness, self._turns()) if streaming(cfg) else None
+        self.stream = side.stream(self.segment, self._turns)  # rollout/service.py
         self.prompts = PromptStream(train_set, cfg.seed)
         self.pass_rates = PassRates()  # the replay strategies' running pass rates
         self.unscored = 0  # answers left out of their groups this step (the sandbox failed)
@@ -386,10 +378,3 @@ class Producer:
                 "pool/questions_covered": mean_or_none(bool(self.pool.answers(g.example))
                                                        for g in groups),
                 "train/replay_age_mean": mean_or_none(ages)}
-
-
-def streaming(cfg: Config) -> bool:
-    """Whether the trainer samples through the rollout stream (asynchronous rollout)."""
-    r = cfg.rollout
-    return cfg.algorithm.max_staleness > 0 or r.partial or bool(r.extra_prompts) or \
-        r.placement == "disaggregated"

@@ -61,9 +61,8 @@ from megatron_rlep.metrics import mean_or_none
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.platform import any_rank, is_rank0
 from megatron_rlep.producer import Producer, load_pool
-from megatron_rlep.rollout import (engine_length, make_engine, model_stop_ids, training_engine,
-                                   validation_sampling)
-from megatron_rlep.rollout import placement
+from megatron_rlep.rollout import model_stop_ids, training_engine, validation_sampling
+from megatron_rlep.rollout.rollout_rank import rollout_rank_main
 from megatron_rlep.rollout.service import LocalRollout, RemoteRollout
 from megatron_rlep.reward.sandbox import Sandbox, isolation
 from megatron_rlep.reward.scorer import Item, Scorer
@@ -108,7 +107,9 @@ class Trainer:
         # settings, model path, data and pool first: a mistake there stops before minutes of
         # start-up
         resolve_model_path(cfg.model.path)
-        bridge = self._bridge() if r.placement == "disaggregated" else None
+        # the rollout side, wherever it runs: the loop below never asks where
+        self.rollout = rollout_side(cfg)
+        self.rollout.connect()
         self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
                                        **tasks.loader_kwargs(cfg.data.train, cfg.data.levels,
                                                               cfg.data.train_size, cfg.seed))
@@ -145,17 +146,13 @@ class Trainer:
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
-        r = replace(r, engine=training_engine(r.engine, self.actor.hf_path))
-        engine = None if r.placement == "disaggregated" else make_engine(
-            r, self.actor.hf_path, self.actor.dtype, cfg.seed, engine_length(cfg),
-            sandbox=cfg.sandbox)
+        engine = self.rollout.start(replace(r, engine=training_engine(r.engine,
+                                                                      self.actor.hf_path)),
+                                    self.actor.hf_path, self.actor.dtype)
         self.producer = Producer(cfg, self.tokenizer,
                                  model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
-                                 pool, engine, self.train_set, bridge)
+                                 pool, engine, self.train_set, self.rollout)
         self.stream = self.producer.stream
-        # the rollout side, wherever it runs: the loop below never asks where
-        self.rollout = RemoteRollout(self.stream) if r.placement == "disaggregated" else \
-            LocalRollout(engine, r)
         self.step, in_flight = 0, []
         self.skipped_in_a_row = 0  # updates skipped for non-finite gradients, the latest ones
         if cfg.resume and (self.run_dir / "checkpoints" / "latest").is_file():
@@ -171,19 +168,7 @@ class Trainer:
             self.sync_weights(self.step)
         self.producer.dispatch_again(in_flight, self.step)
         if self.stream is not None and is_rank0():
-            print(asynchrony_line(cfg), flush=True)
-
-    def _bridge(self):
-        """Learner 0's end of the bridge to the rollout ranks, up before the data, the pool and
-        the model load, so that the rollout ranks build their engines meanwhile (the learners'
-        process group first: under srun learner 0 serves the job's store)."""
-        p = self.cfg.parallel
-        try:
-            platform.init_distributed(p.tensor_parallel, p.pipeline_parallel, self.cfg.seed,
-                                      p.expert_parallel)
-        except ValueError as err:  # parallel sizes that do not fit the ranks started
-            raise RunError(str(err)) from None
-        return placement.learner_bridge(self.cfg, dist.get_rank())
+            print(asynchrony_line(cfg, self.rollout.where), flush=True)
 
     def too_many_skipped(self) -> bool:
         limit = self.cfg.algorithm.max_skipped_updates
@@ -277,9 +262,8 @@ class Trainer:
     def tool_seconds(self) -> float | None:
         """Seconds this rank's engine has spent running tool calls; None where it runs none
         (no tools, or rollout ranks of their own run them)."""
-        turns = getattr(self.producer.stream, "turns", None)
-        toolbox = turns.toolbox if turns is not None else \
-            getattr(getattr(self.rollout, "engine", None), "toolbox", None)
+        turns = self.stream.turns if self.stream is not None else None
+        toolbox = turns.toolbox if turns is not None else self.rollout.toolbox
         return toolbox.seconds if toolbox is not None else None
 
     def sync_weights(self, version: int) -> dict:
@@ -427,13 +411,21 @@ class Trainer:
             self.scorer.close()
 
 
-def asynchrony_line(cfg: Config) -> str:
+def rollout_side(cfg: Config) -> LocalRollout | RemoteRollout:
+    """Where the engines run, chosen here once (rollout.placement): the learners' own processes,
+    or rollout ranks of their own (megatron_rlep/roles.py made them)."""
+    if cfg.rollout.placement == "disaggregated":
+        return RemoteRollout(cfg)
+    return LocalRollout(cfg)
+
+
+def asynchrony_line(cfg: Config, where: str) -> str:
     """The start-up line that gives the effective staleness bound: the stream's, plus what a
     step's later mini-batches and epochs add (each trains on answers sampled before the
-    step's earlier updates)."""
+    step's earlier updates); ``where``: the engines' (``LocalRollout.where``)."""
     a, r = cfg.algorithm, cfg.rollout
     updates = a.epochs * (a.prompts_per_rollout // a.prompts_per_update)
-    how = [f"{r.placement} engines"]
+    how = [where]
     if r.partial:
         how.append(f"partial rollouts in segments of {r.segment_tokens} tokens")
     if r.extra_prompts:
@@ -592,7 +584,7 @@ def main(cfg: Config, role: tuple[str, int, int] | None) -> None:
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-bucket parameter listings
     name_and_place(cfg)
     if role is not None and role[0] == "rollout":
-        placement.rollout_rank_main(cfg, role[1], role[2])
+        rollout_rank_main(cfg, role[1], role[2])
         # its work is done and said (the engine closed, learner 0 told): the bridge's links
         # go with the process, not through gloo's destructors at the interpreter's exit,
         # which call std::terminate when a peer's last heartbeats are still arriving

@@ -283,10 +283,10 @@ def scaled_model(config: dict, tokenizer_dir: str, out: Path, dtype: str) -> str
 def export_speed(actor, parameters: int) -> dict:
     """Learner 0's side of a weight broadcast without the wire (that needs a second device):
     the actor's bucketed export, each bucket flattened into the buffer the broadcast sends
-    (placement.flat_bucket); the faster of two passes, its bytes against the parameters'."""
+    (bridge.flat_bucket); the faster of two passes, its bytes against the parameters'."""
     import torch
 
-    from megatron_rlep.rollout.placement import flat_bucket
+    from megatron_rlep.rollout.bridge import flat_bucket
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

@@ -102,9 +102,10 @@ claim_run_dir() {
 }
 
 # rollout_split ARGS...: disaggregated placement on whole nodes of this allocation. torchrun
-# numbers ranks node by node, so ROLLOUT_NODES=N makes the last N nodes' ranks the job's last
-# ones, the rollout ranks: ROLLOUT_ARGS becomes rollout.placement=disaggregated
-# rollout.ranks=N x NPROC_PER_NODE. A split that is not whole nodes (ROLLOUT_NODES or a
+# numbers ranks node by node, so ROLLOUT_NODES=N makes N nodes' ranks the job's last ones, the
+# rollout ranks: ROLLOUT_ARGS becomes rollout.placement=disaggregated
+# rollout.ranks=N x NPROC_PER_NODE. Which nodes those are is the rendezvous' choice (it orders
+# nodes by its own rule): learner 0 logs them as they are ("learner 0: the bridge met: ..."). A split that is not whole nodes (ROLLOUT_NODES or a
 # rollout.ranks= argument) or leaves no node to train stops the job here, before any srun.
 rollout_split() {
     ROLLOUT_ARGS=()
@@ -129,9 +130,10 @@ rollout_split() {
         "of $SLURM_JOB_NUM_NODES node(s); submit with more nodes (sbatch -N) or fewer rollout nodes"
     [ -z "$ranks" ] || return 0  # the command line's own split, whole nodes: passed as it is
     ROLLOUT_ARGS=(rollout.placement=disaggregated rollout.ranks=$(( nodes * NPROC_PER_NODE )))
-    echo "placement: disaggregated, the last $nodes of $SLURM_JOB_NUM_NODES nodes (ranks" \
+    echo "placement: disaggregated, $nodes of $SLURM_JOB_NUM_NODES nodes (ranks" \
          "$(( (SLURM_JOB_NUM_NODES - nodes) * NPROC_PER_NODE ))-$(( SLURM_JOB_NUM_NODES * NPROC_PER_NODE - 1 )))" \
-         "run the rollout engines, the other $(( SLURM_JOB_NUM_NODES - nodes )) train"
+         "run the rollout engines, the other $(( SLURM_JOB_NUM_NODES - nodes )) train; learner" \
+         "0's line \"the bridge met\" names the nodes"
 }
 
 split_error() {

@@ -1,4 +1,4 @@
-"""Asynchronous rollout for real (megatron_rlep/rollout/stream.py, megatron_rlep/rollout/placement.py):
+"""Asynchronous rollout for real (megatron_rlep/rollout/stream.py, megatron_rlep/rollout/remote_stream.py):
 the synchronous trainer unchanged, bit for bit, against a pinned earlier commit; the rollout stream through a kill -9 and a resume with every prompt of the stream trained
 exactly once and no token past the bound; disaggregated placement under torchrun (two learners,
 one rollout rank) that runs, resumes, checks its weight broadcast, and ends in one sentence
@@ -7,6 +7,7 @@ when the rollout rank dies."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -214,6 +215,9 @@ def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sente
                           env=environment)
     assert done.returncode == 0, why(done)
     assert "asynchronous rollout: disaggregated engines" in done.stdout
+    host = socket.gethostname()  # the bridge's layout, as it is
+    assert f"learner 0: the bridge met: learner 0 (job rank 0) on {host}; rollout rank 0 (job " \
+        f"rank 2) on {host}" in done.stdout
     first = rows(run_dir)
     assert [r["step"] for r in first] == [1, 2]
     for r in first:  # right after each broadcast the rollout rank's engine is the actor
@@ -241,10 +245,12 @@ def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sente
     killed = time.time()
     out = proc.communicate(timeout=scaled(300))[0]
     took = time.time() - killed
-    sentence = [line for line in out.splitlines() if line.startswith("error: ") and
-                "is gone: the bridge to it broke" in line]
-    assert sentence, out[-3000:]
-    assert sentence[0].endswith("its log says why") and "rollout rank" in sentence[0]
+    # one sentence for the job, by learner 0 alone, naming the rank as the job does (on 4eafd73
+    # each learner said it, as "rollout rank 1": the bridge's numbering)
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out[-3000:]
+    assert errors[0].startswith(f"error: rollout rank 0 (job rank 2 on {host}) is gone: the "
+                                "bridge to it broke") and errors[0].endswith("its log says why")
     assert took < scaled(120), took
 
 

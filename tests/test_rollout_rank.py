@@ -1,11 +1,12 @@
-"""A rollout rank of the disaggregated placement (megatron_rlep/rollout/placement.py) before its loop:
-the engine it builds, with the bridge and the engine stood in for."""
+"""A rollout rank of a disaggregated job (megatron_rlep/rollout/rollout_rank.py) before its loop:
+the engine it builds, with the bridge and the engine stood in for; the bridge
+(megatron_rlep/rollout/bridge.py) and the learners' loop."""
 
 import pytest
 from speed import scaled
 
-from megatron_rlep.rollout import placement
-from megatron_rlep.rollout import messages
+from megatron_rlep.rollout import bridge as bridges
+from megatron_rlep.rollout import messages, rollout_rank
 from megatron_rlep.config import compose
 
 
@@ -27,7 +28,8 @@ class FakeBridge:
         return messages.Stop()
 
 
-def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itself(monkeypatch):
+def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itself(monkeypatch,
+                                                                                  tmp_path):
     """Findings 6 and 8: the engine's length covers a validation answer longer than a training
     one (validation answers were cut short), and it is built as a dedicated engine (vLLM: its own
     memory share, no sleep mode, where it took the colocated 0.6 and slept)."""
@@ -41,15 +43,22 @@ def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itsel
         asked.update(max_model_len=max_model_len, dedicated=dedicated)
         raise Built
 
-    monkeypatch.setattr(placement, "Bridge", FakeBridge)
+    monkeypatch.setattr(rollout_rank, "Bridge", FakeBridge)
+
+    def quit_quietly():
+        raise Built  # as the rank's process ends
+    monkeypatch.setattr(rollout_rank, "quit_quietly", quit_quietly)
     monkeypatch.setattr(megatron_rlep.rollout, "make_engine", make_engine)
     monkeypatch.setattr(megatron_rlep.builtin_model, "resolve_model_path", lambda path: path)
     cfg = compose(["rollout.placement=disaggregated", "rollout.ranks=1", "data.max_prompt_length=64",
-                   "rollout.max_response_length=32", "validation.max_response_length=96"])
+                   "rollout.max_response_length=32", "validation.max_response_length=96",
+                   f"run_dir={tmp_path}"])
     with pytest.raises(Built):
-        placement.rollout_rank_main(cfg, 0, 1)
+        rollout_rank.rollout_rank_main(cfg, 0, 1)
     assert asked == {"max_model_len": 64 + 96, "dedicated": True}
-    assert isinstance(FakeBridge.last.sent[0], messages.Failed)  # said before the rank exits
+    said = FakeBridge.last.sent[0]  # said before the rank exits, its traceback kept
+    assert isinstance(said, messages.Failed) and said.why.startswith("Built:  (traceback: ")
+    assert "raise Built" in (tmp_path / "rollout-rank-0.traceback").read_text()
 
 
 @pytest.fixture
@@ -79,7 +88,7 @@ def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_
     ends = {}
 
     def start(rank):
-        ends[rank] = placement.Bridge(rank, 2, timeout_s=2.0, connect_s=30)
+        ends[rank] = bridges.Bridge(rank, 2, timeout_s=2.0, connect_s=30)
     threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
     for t in threads:
         t.start()
@@ -87,8 +96,8 @@ def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_
         t.join()
     learner, rollout = ends[0], ends[1]
     time.sleep(5)  # 2.5 x the timeout without a message either way
-    learner.send(1, messages.Work([(3, (1, 2), 2)]))
-    assert rollout.receive(0, None) == messages.Work([(3, (1, 2), 2)])
+    learner.send(1, messages.Work([messages.Prompt(3, [1, 2], 2)]))
+    assert rollout.receive(0, None) == messages.Work([messages.Prompt(3, [1, 2], 2)])
     rollout.send(0, messages.Landed([]))
     assert isinstance(learner.receive(1, 10), messages.Landed)
     learner.close(wait_s=0)  # its heartbeats stop: as a learner whose node stalls
@@ -100,6 +109,54 @@ def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_
     rollout.close(wait_s=0)  # both ends in this one process: neither closes its links
 
 
+def test_learner_0_logs_where_the_rollout_ranks_run_and_a_fault_names_the_dead_rank(
+        job_store, capsys, monkeypatch):
+    """Issue 76, items 4 and 5: the bridge's ranks say their node and job rank as they meet;
+    learner 0 logs the rollout ranks' nodes as they are (torchrun's rendezvous, not the job,
+    orders the nodes), and names a faulty rank by rollout rank, job rank and node (on 4eafd73:
+    by its bridge rank, one higher, with no node). A rank whose process died is named before
+    the engine peer that reports its broken collective first."""
+    import threading
+
+    from megatron_rlep.rollout.remote_stream import RemoteStream, RolloutRankError
+
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    monkeypatch.setenv("RANK", "5")
+    ends = {}
+
+    def start(rank):
+        ends[rank] = bridges.Bridge(rank, 3, timeout_s=30.0, connect_s=30)
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    learner = ends[0]
+    assert "learner 0: the bridge met: learner 0 (job rank 5) on node7; rollout ranks 0-1 " \
+        "(job ranks 5,5) on node7" in capsys.readouterr().out
+    learner.places = {0: ("n1", 0), 1: ("n2", 2), 2: ("n2", 3)}  # as a two-node job's are
+    assert learner.layout() == "learner 0 (job rank 0) on n1; rollout ranks 0-1 (job ranks 2-3) on n2"
+    learner.places[2] = ("n3", 7)
+    assert learner.layout() == ("learner 0 (job rank 0) on n1; rollout rank 0 (job rank 2) on "
+                                "n2; rollout rank 1 (job rank 7) on n3")
+    assert learner.name(2) == "rollout rank 1 (job rank 7 on n3)"
+
+    stream = RemoteStream(learner, [[1, 2]], 1, 30.0)
+    learner.inbox[1].put(messages.Failed("RuntimeError: Connection closed by peer"))
+    learner.inbox[2].put(messages.Broken("RuntimeError: Connection reset by peer"))
+    with pytest.raises(RolloutRankError) as said:
+        stream._message(1)  # the engine's reader reports first; its peer's process died
+    assert str(said.value) == ("rollout rank 1 (job rank 7 on n3) is gone: the bridge to it "
+                               "broke (RuntimeError: Connection reset by peer); its log says why")
+    learner.inbox[2].get()
+    learner.inbox[1].put(messages.Failed("ValueError: bad prompt"))
+    with pytest.raises(RolloutRankError, match=r"^rollout rank 0 \(job rank 2 on n2\) failed: "
+                                               r"ValueError: bad prompt$"):
+        stream._message(1)
+    for end in ends.values():
+        end.close(wait_s=0)  # every end in this one process: none closes its links
+
+
 def test_a_bridge_rank_that_never_comes_is_said_within_the_start_up_deadline(job_store, capsys):
     """Finding 5: the start-up deadline is rollout.connect_timeout_s, said in the log, and the
     ranks that did not come are named."""
@@ -108,10 +165,53 @@ def test_a_bridge_rank_that_never_comes_is_said_within_the_start_up_deadline(job
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"rollout rank 0: bridge ranks \[0\] .* did not start "
                                            r"within 1 s \(rollout.connect_timeout_s\)"):
-        placement.Bridge(1, 2, timeout_s=5.0, connect_s=1)
+        bridges.Bridge(1, 2, timeout_s=5.0, connect_s=1)
     assert time.monotonic() - start < scaled(10)
     assert "rollout rank 0: waiting up to 1 s (rollout.connect_timeout_s) for the bridge's 2 " \
         "ranks" in capsys.readouterr().out
+
+
+def test_an_engines_ranks_hear_from_its_reader_every_heartbeat_and_time_out_by_the_run(
+        monkeypatch):
+    """Issue 76, item 3: the ranks of a TP engine wait for each other at most rollout.timeout_s
+    (their group's timeout; on 4eafd73 torch's 30 minutes), and the engine's reader passes its
+    other ranks ``Idle`` after a heartbeat's time without a message from learner 0, so a long
+    silence of learner 0's (a checkpoint save) outlasts that timeout (on 4eafd73 the reader
+    waited on learner 0 as long as it took, the other ranks in their broadcast meanwhile)."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    cfg = compose(["rollout.placement=disaggregated", "rollout.ranks=4",
+                   "rollout.tensor_parallel=2", "rollout.timeout_s=45"])
+    made = []
+    monkeypatch.setattr(rollout_rank, "job_store", lambda name, timeout: None)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: made.append(kw["timeout"]))
+    monkeypatch.setattr(dist, "new_group", lambda ranks, **kw: made.append(kw["timeout"]) or ranks)
+    rank = rollout_rank.RolloutRank.__new__(rollout_rank.RolloutRank)
+    rank.r, rank.index, rank.bridge = cfg.rollout, 3, type("B", (), {"timeout": None})()
+    assert rank._engine_group() == ([2, 3], 2)
+    assert made == [datetime.timedelta(seconds=45)] * 3
+
+    class Silent:  # learner 0 saying nothing (its heartbeats keep it alive)
+        beat_s = 0.2
+
+        def ready(self, peer):
+            return False
+
+        def receive(self, peer, timeout_s=None):
+            threading.Event().wait(timeout_s or 30)  # as long as learner 0 is silent
+
+    passed = []
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda box, src, group: passed.append(box[0]))
+    rank.bridge, rank.reader, rank.peers = Silent(), True, ("group", 2)
+    said = []
+    waiting = threading.Thread(target=lambda: said.append(rank.next_message(busy=False)),
+                               daemon=True)
+    waiting.start()
+    waiting.join(scaled(5))
+    assert said == [messages.Idle()] and passed == [messages.Idle()]
 
 
 def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monkeypatch):
@@ -139,9 +239,9 @@ def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monk
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(placement, "flat_bucket", lambda bucket, device: order.append(
+    monkeypatch.setattr(bridges, "flat_bucket", lambda bucket, device: order.append(
         ("copy", bucket[0][0])) or torch.zeros(4, dtype=torch.uint8))
-    bridge = placement.Bridge.__new__(placement.Bridge)
+    bridge = bridges.Bridge.__new__(bridges.Bridge)
     bridge.size, bridge.weights = 2, Group()
     bridge.send = lambda peer, message: None
     buckets = [[(f"b{k}", torch.zeros(1))] for k in range(4)]
@@ -151,17 +251,55 @@ def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monk
     assert sum(o[0] == "wait for" for o in order) == 2
 
 
-def test_the_learners_loop_never_asks_where_the_engines_run():
-    """Item 1 of the rollout ranks' work: the loop (Trainer's methods but its construction)
-    reaches the engines only through the rollout side (rollout/service.py), never by placement."""
+def test_the_placement_is_chosen_once_and_the_loop_never_asks_where_the_engines_run():
+    """Issue 76, item 6: ``rollout.placement`` is read by one function, ``train.rollout_side``
+    (on 4eafd73 ``Trainer.__init__`` read it three times, ``main`` once, the producer twice,
+    and ``tool_seconds`` asked the rollout side for an engine by ``getattr``); the trainer and
+    the producer reach the engines through the side it returns (rollout/service.py)."""
     import ast
     import inspect
 
-    from megatron_rlep import train
+    from megatron_rlep import producer, train
 
-    tree = ast.parse(inspect.getsource(train.Trainer))
-    for method in tree.body[0].body:
-        if isinstance(method, ast.FunctionDef) and method.name not in ("__init__", "_bridge"):
-            names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)
-                     for n in ast.walk(method)}
-            assert not names & {"placement", "remote", "engine", "RemoteStream"}, method.name
+    lines, start = inspect.getsourcelines(train.rollout_side)
+    chooser = range(start, start + len(lines))
+    for module in (train, producer):
+        for number, line in enumerate(inspect.getsource(module).splitlines(), 1):
+            if "placement" in line:
+                assert module is train and number in chooser, (module.__name__, number, line)
+    for cls in (train.Trainer, producer.Producer):
+        tree = ast.parse(inspect.getsource(cls))
+        names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)
+                 for n in ast.walk(tree)}
+        assert not names & {"remote", "bridge", "RemoteStream", "RemoteRollout",
+                            "LocalRollout"}, cls.__name__
+    assert "getattr" not in inspect.getsource(train.Trainer)
+
+
+def test_what_the_two_sides_say_is_read_by_name_only():
+    """Issue 76, item 6: every message, and every item one carries, is a named type, built and
+    read by its fields (on 4eafd73 ``Work`` and ``Landed`` carried tuples read by position)."""
+    import dataclasses
+
+    import torch
+
+    from megatron_rlep.rollout.stream import Answer
+
+    answer = Answer([5, 6], [-0.1, -0.2], [1, 1], finished=True, done=True)
+    said = [messages.Work([messages.Prompt(3, [1, 2], 2)]),
+            messages.Landed([messages.Finished(3, [answer])], 0.5, {}),
+            messages.Bucket([messages.TensorSpec("w", (2, 2), torch.bfloat16)])]
+
+    def named(value) -> bool:
+        if isinstance(value, tuple):  # a record read by position; a shape is a value
+            return all(isinstance(v, int) for v in value)
+        if isinstance(value, list):
+            return all(named(v) for v in value)
+        if dataclasses.is_dataclass(value):
+            return all(named(getattr(value, f.name)) for f in dataclasses.fields(value))
+        return True
+    for message in said:
+        assert named(message), message
+    for name, kind in vars(messages).items():
+        if isinstance(kind, type) and kind.__module__ == messages.__name__:
+            assert dataclasses.is_dataclass(kind), name

@@ -160,8 +160,8 @@ def test_preempted_then_time_limited_job_checkpoints_requeues_and_resumes(cluste
 
 
 def test_rollout_nodes_split_the_allocation_into_learner_and_rollout_nodes(tmp_path):
-    """ROLLOUT_NODES=2 in an 8-node job: the trainer gets the disaggregated placement with the
-    last 2 nodes' 16 ranks as rollout ranks; a split that is not whole nodes is refused before
+    """ROLLOUT_NODES=2 in an 8-node job: the trainer gets the disaggregated placement with 2
+    nodes' 16 ranks, the job's last, as rollout ranks; a split that is not whole nodes is refused before
     srun. This cluster has one node, so the batch script runs under bash, with stand-ins for
     srun (it prints its command), scontrol and squeue."""
     stubs = tmp_path / "bin"
@@ -187,8 +187,8 @@ def test_rollout_nodes_split_the_allocation_into_learner_and_rollout_nodes(tmp_p
 
     split = train("experiment=x", ROLLOUT_NODES="2")
     assert split.returncode == 0, split.stderr
-    assert "the last 2 of 8 nodes (ranks 48-63) run the rollout engines, the other 6 train" \
-        in split.stdout
+    assert "2 of 8 nodes (ranks 48-63) run the rollout engines, the other 6 train; learner 0's " \
+        'line "the bridge met" names the nodes' in split.stdout
     # the rendezvous port: 20007 from the job's id, or the next free one on this host
     assert re.search(r"--nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint node1:2\d{4} "
                      r"--rdzv_id 7 -m megatron_rlep.train run_dir=\S+ experiment=x "

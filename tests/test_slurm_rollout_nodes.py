@@ -84,8 +84,12 @@ def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_and_a_long_save
     state = two_nodes.wait(job)
     text = log.read_text()
     assert state == "COMPLETED", text[-5000:]
-    assert "placement: disaggregated, the last 1 of 2 nodes (ranks 2-3) run the rollout " \
-           "engines, the other 1 train" in text
+    assert "placement: disaggregated, 1 of 2 nodes (ranks 2-3) run the rollout engines, the " \
+           "other 1 train" in text
+    # the nodes as they are: which node the rendezvous made the rollout node, learner 0 logs
+    met = re.search(r"learner 0: the bridge met: learner 0 \(job rank 0\) on (node\d); rollout "
+                    r"ranks 0-1 \(job ranks 2-3\) on (node\d)$", text, re.M)
+    assert met and {met[1], met[2]} == {"node1", "node2"}, text[-5000:]
     assert "test: rank 0 starts 65 s late" in text and "rollout rank 0: waiting up to 1800 s " \
            "(rollout.connect_timeout_s)" in text
     assert "test: the first Trainer.save lasts 65 s longer" in text
@@ -102,9 +106,10 @@ def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_and_a_long_save
 
 def test_a_rollout_rank_killed_mid_step_ends_the_job_in_one_sentence(two_nodes, assets,
                                                                      tmp_path):
-    """The same layout, and the engine's second TP rank (which learner 0 never talks to)
-    killed during the run: its engine's reader finds it gone and tells learner 0, which ends
-    the job in one sentence well within rollout.timeout_s, with no hang."""
+    """The same layout, and the engine's second TP rank (which learner 0 never sends work to)
+    killed during the run: learner 0 finds its link broken (before its engine's reader reports
+    the broken collective) and ends the job in one sentence, naming it, well within
+    rollout.timeout_s, with no hang; the other ranks say nothing."""
     import time
 
     run_dir = tmp_path / "dies"
@@ -117,12 +122,17 @@ def test_a_rollout_rank_killed_mid_step_ends_the_job_in_one_sentence(two_nodes, 
         time.sleep(0.5)
     victim = rank_pid(two_nodes, 3)
     assert victim is not None, log.read_text()[-3000:]
+    node = next(e.split(b"=", 1)[1].decode() for e in Path(f"/proc/{victim}/environ")
+                .read_bytes().split(b"\0") if e.startswith(b"SLURMD_NODENAME="))
     os.kill(victim, 9)
     killed = time.time()
     state = two_nodes.wait(job)
     took = time.time() - killed
     text = log.read_text()
     assert state == "FAILED", text[-3000:]
+    # one sentence for the job, naming the killed rank as the job does and its node (on
+    # 4eafd73 each learner said it, by the bridge's numbering: "rollout rank 2")
     errors = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert errors and "rollout rank" in errors[0], text[-4000:]
+    assert len(errors) == 1, text[-4000:]
+    assert errors[0].startswith(f"error: rollout rank 1 (job rank 3 on {node}) is gone: "), errors
     assert took < scaled(120), (took, errors)

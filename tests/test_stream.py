@@ -157,11 +157,12 @@ def test_settings_that_need_a_bound_or_add_staleness_twice_are_refused(overrides
 
 
 def test_the_start_up_line_gives_the_effective_bound():
-    from megatron_rlep.train import asynchrony_line
+    from megatron_rlep.train import asynchrony_line, rollout_side
 
     cfg = compose(["experiment=cpu_demo", "algorithm.max_staleness=2",
                              "rollout.partial=true", "rollout.extra_prompts=2"])
-    line = asynchrony_line(cfg)
+    line = asynchrony_line(cfg, rollout_side(cfg).where)
+    assert line.startswith("asynchronous rollout: colocated engines, ")
     assert "at most 2 policy versions after its oldest token" in line
     assert "the step's 2 updates add up to 1 more, so a token is at most 3 updates behind" in line
     assert "partial rollouts in segments of 64 tokens" in line and "2 prompts in flight" in line

@@ -1,13 +1,14 @@
 """What learner 0 and the rollout ranks say to each other over the bridge
-(megatron_rlep/rollout/placement.py), as small named types: a message is read by its fields, never by
-its place in a tuple.
+(megatron_rlep/rollout/bridge.py), as small named types: a message, and each item it carries, is
+read by its fields, never by its place in a tuple.
 
 Learner 0 to an engine's reader (the first of its ranks, which passes it on to the others):
 ``Work``, ``Weights`` (then the buckets: ``Bucket`` headers and their broadcasts, to every
 rollout rank, and ``BucketsDone``), ``Generate``, ``Probe``, ``Stop``. An engine's reader to
 learner 0: ``Landed``, ``Generated``, ``Probed``, ``Stopped``. Any rank to its peers:
 ``Alive`` (heartbeats), ``Failed`` (a rank's last words). ``Broken`` is never sent: a reader
-puts it in its own inbox when the link to its peer breaks.
+puts it in its own inbox when the link to its peer breaks; nor is ``Idle``, which an engine's
+reader passes to the engine's other ranks.
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Prompt:
+    """A prompt to sample: its stream position, its token ids, the answers wanted."""
+    position: int
+    ids: list
+    count: int
+
+
+@dataclass(frozen=True)
 class Work:
-    """Prompts to sample: (stream position, prompt token ids, answers wanted) each."""
-    flights: list
+    """Prompts to sample (``Prompt`` each)."""
+    prompts: list
 
 
 @dataclass(frozen=True)
@@ -28,9 +37,17 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of a bucket: its name, shape and dtype (its bytes come in the broadcast)."""
+    name: str
+    shape: tuple
+    dtype: object
+
+
+@dataclass(frozen=True)
 class Bucket:
-    """The next broadcast's tensors: (name, shape, dtype) each."""
-    header: list
+    """The next broadcast's tensors (``TensorSpec`` each), in the order of its bytes."""
+    tensors: list
 
 
 @dataclass(frozen=True)
@@ -61,10 +78,17 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Finished:
+    """A flight that finished: its stream position and its answers (``rollout/stream.py``'s
+    ``Answer`` each: token ids, log-probs, versions, tool mask and calls)."""
+    position: int
+    answers: list
+
+
+@dataclass(frozen=True)
 class Landed:
-    """Finished flights, (position, [(token ids, log-probs, versions, finished, mask, tool
-    calls)]) each (``rollout/stream.py``'s ``Answer``), with the seconds the engine waited since
-    its last report and its memory where it measured it."""
+    """Finished flights (``Finished`` each), with the seconds the engine waited since its last
+    report and its memory where it measured it."""
     flights: list
     idle: float = 0.0
     memory: dict = field(default_factory=dict)
@@ -88,6 +112,12 @@ class Stopped:
 @dataclass(frozen=True)
 class Alive:
     pass
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Never on the bridge: an engine's reader to its other ranks, when learner 0 has said
+    nothing for a heartbeat's time (their group's liveness, ``RolloutRank.next_message``)."""
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,60 @@
 """The rollout side as the learner's loop sees it, wherever the engines run: ``LocalRollout``
 (the engines in the learners' own processes, synchronous or through the colocated stream) and
-``RemoteRollout`` (the rollout ranks of the disaggregated placement, behind the bridge) answer
-the same calls, so the loop (megatron_rlep/train.py) never asks where the engines are.
+``RemoteRollout`` (the rollout ranks of a disaggregated job, behind the bridge) answer the same
+calls, so the trainer (megatron_rlep/train.py) chooses one once (``rollout_side``) and never
+asks again where the engines are.
 
-Each step's groups come from the producer's stream (``producer.py``); the rest is here: make
-room for an update, take the weights of a version, sample validation's answers, probe the
-engine's log-probs (the weight-sync check), the step's waits and memory, and the end.
+Set-up: ``connect`` (the bridge, before the data and the model load), ``start`` (this rank's
+engine, after the actor), ``stream`` (what the producer samples through, ``producer.py``). Then
+each step: make room for an update, take the weights of a version, sample validation's answers,
+probe the engine's log-probs (the weight-sync check), the step's waits and memory, and the end.
 """
 
 from __future__ import annotations
 
-from megatron_rlep.rollout import generate_sharded
+import torch.distributed as dist
+
+from megatron_rlep import platform
+from megatron_rlep.errors import RunError
+from megatron_rlep.rollout import engine_length, generate_sharded, make_engine
+from megatron_rlep.rollout.remote_stream import RemoteStream, engines, learner_bridge
+from megatron_rlep.rollout.stream import RolloutStream
 
 
 class LocalRollout:
     """The engine of this rank (None on a rank that does not generate, whose part of the export
     and of ``generate_sharded`` it still takes)."""
 
-    def __init__(self, engine, rollout):
-        self.engine, self.rollout = engine, rollout
+    where = "colocated engines"
+
+    def __init__(self, cfg):
+        self.cfg, self.rollout, self.engine = cfg, cfg.rollout, None
+
+    def connect(self) -> None:
+        """Nothing to meet: the engines start beside the actor (``start``)."""
+
+    def start(self, rollout, hf_path: str, dtype):
+        """This rank's engine, after the actor loaded (``rollout``: the config with the engine
+        the actor's model takes); None where it does not generate."""
+        self.rollout = rollout
+        self.engine = make_engine(rollout, hf_path, dtype, self.cfg.seed, engine_length(self.cfg),
+                                  sandbox=self.cfg.sandbox)
+        return self.engine
+
+    def stream(self, segment, turns) -> RolloutStream | None:
+        """The colocated stream, sampling ``segment(prompts, counts, seed, max_tokens)`` with
+        ``turns()``'s tools, where the trainer samples asynchronously; None where synchronously
+        (the producer then samples a whole batch with the engine)."""
+        a, r = self.cfg.algorithm, self.rollout
+        if not (a.max_staleness > 0 or r.partial or r.extra_prompts):
+            return None
+        return RolloutStream(segment, r.segment_tokens if r.partial else r.max_response_length,
+                             r.max_response_length, a.max_staleness, turns())
+
+    @property
+    def toolbox(self):
+        """The engine's tools (``rollout/tools.py``), None without."""
+        return getattr(self.engine, "toolbox", None)
 
     def before_update(self) -> None:
         if self.engine is not None:
@@ -54,30 +90,54 @@ class LocalRollout:
 
 
 class RemoteRollout:
-    """The rollout ranks, through the learners' ``placement.RemoteStream``."""
+    """The rollout ranks, through the learners' ``RemoteStream`` (``remote_stream.py``)."""
 
-    def __init__(self, stream):
-        self.stream = stream
+    where = "disaggregated engines"
+    toolbox = None  # the rollout ranks run the tools
+
+    def __init__(self, cfg):
+        self.cfg, self.bridge, self.remote = cfg, None, None
+
+    def connect(self) -> None:
+        """Learner 0's end of the bridge, up before the data, the pool and the model load, so
+        that the rollout ranks build their engines meanwhile (the learners' process group first:
+        under srun learner 0 serves the job's store)."""
+        p = self.cfg.parallel
+        try:
+            platform.init_distributed(p.tensor_parallel, p.pipeline_parallel, self.cfg.seed,
+                                      p.expert_parallel)
+        except ValueError as err:  # parallel sizes that do not fit the ranks started
+            raise RunError(str(err)) from None
+        self.bridge = learner_bridge(self.cfg, dist.get_rank())
+
+    def start(self, rollout, hf_path: str, dtype) -> None:
+        """No engine here: the rollout ranks have theirs."""
+
+    def stream(self, segment, turns) -> RemoteStream:
+        """The rollout ranks' streams, as every learner sees them."""
+        a, r = self.cfg.algorithm, self.cfg.rollout
+        self.remote = RemoteStream(self.bridge, engines(self.cfg), a.max_staleness, r.timeout_s)
+        return self.remote
 
     def before_update(self) -> None:
         """Nothing: the rollout ranks' engines have GPUs of their own."""
 
     def load_weights(self, version: int, export) -> None:
-        self.stream.weights(version, export)
+        self.remote.weights(version, export)
 
     def probe(self, ids):
-        return self.stream.probe(ids)
+        return self.remote.probe(ids)
 
     def sample(self, prompts, counts, seed, **sampling) -> list:
-        return self.stream.sample(prompts, counts, seed, **sampling)
+        return self.remote.sample(prompts, counts, seed, **sampling)
 
     def waits(self, rollout_s: float, generating_s: float, since_rollout_s: float) -> dict:
         """Each side's waits on the other since the last step, as measured, and the rollout
         ranks' memory as they last reported it."""
-        out = {"time/learner_idle": self.stream.idle, "time/rollout_idle": self.stream.rollout_idle,
-               **self.stream.memory()}
-        self.stream.idle = self.stream.rollout_idle = 0.0
+        out = {"time/learner_idle": self.remote.idle, "time/rollout_idle": self.remote.rollout_idle,
+               **self.remote.memory()}
+        self.remote.idle = self.remote.rollout_idle = 0.0
         return out
 
     def close(self) -> None:
-        self.stream.stop()
+        self.remote.stop()
