@@ -65,22 +65,34 @@ def rank_pid(cluster, rank: int) -> int | None:
     return None
 
 
-def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_and_a_long_save(
+def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_a_long_save_and_preemption(
         two_nodes, assets, tmp_path):
-    """The cluster rehearsal: ROLLOUT_NODES=1 of sbatch -N 2, two learners on node1 and two
-    rollout ranks on node2 forming one vLLM engine of tensor parallelism 2. The learners start
-    65 s after the rollout ranks (more than the 60-s start-up floor the bridge once had: the
-    rollout ranks wait, as their log says), and learner 0's first checkpoint save lasts 65 s
-    longer (6.5x rollout.timeout_s: its heartbeats keep the bridge up). Both TP ranks load each
-    version with the same prompts in flight, the engine's weights match the actor's after every
-    load, tokens are at most two versions old, and validation runs through the rollout ranks."""
+    """The cluster rehearsal: ROLLOUT_NODES=1 of sbatch -N 2, two learners on one node and two
+    rollout ranks on the other forming one vLLM engine of tensor parallelism 2. The learners
+    start 65 s after the rollout ranks (more than the 60-s start-up floor the bridge once had:
+    the rollout ranks wait, as their log says), and learner 0's first checkpoint save lasts 65 s
+    longer (6.5x rollout.timeout_s: its heartbeats keep the bridge up). After step 3 the job is
+    preempted as Slurm does it (`scontrol requeue`: SIGTERM to every process, the job requeued):
+    the rollout ranks serve on, the learners finish their step and checkpoint, then tell the
+    rollout ranks to stop, and the requeued job resumes on both sides (on a49faf2 the rollout
+    ranks left at once and the job failed: "rollout rank 0 failed: stopped by SIGTERM"). Both
+    TP ranks load each version with the same prompts in flight, the engine's weights match the
+    actor's after every load, tokens are at most two versions old, and validation runs through
+    the rollout ranks."""
+    import time
+
     run_dir = tmp_path / "run"
     env = {"PYTHONPATH": str(REPO / "tests" / "helpers" / "slow_trainer"), "ROLLOUT_NODES": "1",
            "SLOW_SECONDS": "65", "SLOW_WHEN": "learner0", "SLOW_METHOD": "save",
            "LATE_RANKS": "0,1", "LATE_SECONDS": "65"}
     job, log = submit(two_nodes, "train.sbatch", run_dir, disaggregated(
-        assets, 4, "rollout.timeout_s=10", "logging.save_every=2", "logging.eval_every=2"),
+        assets, 6, "rollout.timeout_s=10", "logging.save_every=2", "logging.eval_every=2"),
         nproc=2, sbatch=("-N", "2"), env=env)
+    deadline = time.time() + scaled(900)
+    while 3 not in steps_logged(run_dir) and time.time() < deadline:
+        assert two_nodes.job_state(job) in ("PENDING", "RUNNING"), log.read_text()[-3000:]
+        time.sleep(0.3)
+    two_nodes.run("scontrol", "requeue", job)
     state = two_nodes.wait(job)
     text = log.read_text()
     assert state == "COMPLETED", text[-5000:]
@@ -93,15 +105,21 @@ def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_and_a_long_save
     assert "test: rank 0 starts 65 s late" in text and "rollout rank 0: waiting up to 1800 s " \
            "(rollout.connect_timeout_s)" in text
     assert "test: the first Trainer.save lasts 65 s longer" in text
+    # preempted: the learners checkpoint the step under way, the rollout ranks wait for them
+    stopped = re.search(r"stopping on SIGTERM: saved step-0*(\d+)", text)
+    assert stopped and int(stopped[1]) >= 4, text[-5000:]
+    assert "rollout rank 1: received SIGTERM: serving the learners" in text
+    assert f"at step {stopped[1]}" in text and two_nodes.job_field(job, "Restarts") == "1"
+    assert not [line for line in text.splitlines() if line.startswith("error: ")], text[-5000:]
     loads = {}
     for rank, rest in re.findall(r"rollout rank (\d+): (weights of version .*?\])", text):
         loads.setdefault(int(rank), []).append(rest)
-    assert sorted(loads) == [0, 1] and loads[0] == loads[1] and len(loads[0]) >= 4, loads
+    assert sorted(loads) == [0, 1] and loads[0] == loads[1] and len(loads[0]) >= 6, loads
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged if "actor/loss" in r] == [1, 2, 3, 4], logged
+    assert [r["step"] for r in logged if "actor/loss" in r] == [1, 2, 3, 4, 5, 6], logged
     for r in (r for r in logged if "actor/loss" in r):
         assert r["sync/max_logprob_diff"] < 1e-3 and r["stale/lag_versions_max"] <= 2, r
-    assert [r["step"] for r in logged if r.get("val/acc") is not None] == [0, 2, 4], logged
+    assert [r["step"] for r in logged if r.get("val/acc") is not None] == [0, 2, 4, 6], logged
 
 
 def test_a_rollout_rank_killed_mid_step_ends_the_job_in_one_sentence(two_nodes, assets,

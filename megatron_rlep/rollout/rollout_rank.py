@@ -37,14 +37,12 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
 
     def stopped(signum, frame):
-        """SIGTERM from the launcher (torchrun stops a node's other ranks when one dies, Slurm
-        when the job ends): learner 0 told why before this rank goes, or the job could end
-        with no sentence at all."""
-        try:
-            bridge.send(0, Failed(f"stopped by {signal.Signals(signum).name} from its launcher: "
-                                  "a rank beside it died, or the job is being cancelled"))
-        finally:
-            os._exit(128 + signum)
+        """SIGTERM (a preemption, a requeue, a cancelled job; torchrun's, when a rank beside it
+        died): this rank goes on serving the learners, which finish their step, checkpoint and
+        tell it to stop (``Stop``), as a colocated job's ranks do. A dead rank is said by
+        learner 0; a launcher that will not wait kills this one (torchrun: 30 s later)."""
+        os.write(1, f"rollout rank {index}: received {signal.Signals(signum).name}: serving the "
+                    "learners until they checkpoint and stop it\n".encode())
     signal.signal(signal.SIGTERM, stopped)
     try:
         RolloutRank(cfg, index, bridge).run()

@@ -10,7 +10,8 @@ set) is written as it starts.
 
 And a late start: the ranks torchrun started as the ranks in ``LATE_RANKS`` ("0,1") sleep
 ``LATE_SECONDS`` before anything else (tests/test_slurm.py: learners later than the rollout
-ranks)."""
+ranks). Both the late start and ``SLOW_WHEN=learner0`` are a job's first start's only (a
+requeued job's restart runs as it is)."""
 
 import functools
 import os
@@ -42,11 +43,12 @@ def _patch_trainer() -> None:
     setattr(trainer, name, slowed)
 
 
-if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK") in \
+FIRST = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+if "TORCHELASTIC_RUN_ID" in os.environ and FIRST and os.environ.get("RANK") in \
         os.environ.get("LATE_RANKS", "").split(","):
     print(f"test: rank {os.environ['RANK']} starts {os.environ['LATE_SECONDS']} s late", flush=True)
     time.sleep(float(os.environ["LATE_SECONDS"]))
 WHEN = {"restart": os.environ.get("SLURM_RESTART_COUNT") == "1" and "RANK" in os.environ,
-        "learner0": os.environ.get("RANK") == "0"}
+        "learner0": os.environ.get("RANK") == "0" and FIRST}
 if WHEN.get(os.environ.get("SLOW_WHEN", "")) and "SLOW_SECONDS" in os.environ:
     threading.Thread(target=_patch_trainer, daemon=True).start()
