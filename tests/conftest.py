@@ -15,9 +15,9 @@ either worker takes are short ones and both finish at about the same time."""
 import launch
 import speed
 
-FIRST = ("test_rehearsal.py", "test_demo.py", "test_train.py", "test_slurm.py",
-         "test_build_pool.py", "test_actor.py", "test_evaluate.py", "test_storage.py",
-         "test_own_task.py", "test_tools_run.py")
+FIRST = ("test_rehearsal.py", "test_demo.py", "test_slurm_rollout_nodes.py", "test_train.py",
+         "test_slurm.py", "test_async_rollout.py", "test_build_pool.py", "test_actor.py",
+         "test_evaluate.py", "test_storage.py", "test_own_task.py", "test_tools_run.py")
 
 
 def pytest_configure(config):

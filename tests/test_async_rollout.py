@@ -1,8 +1,8 @@
 """Asynchronous rollout for real (megatron_rlep/rollout/stream.py, megatron_rlep/rollout/remote_stream.py):
 the synchronous trainer unchanged, bit for bit, against a pinned earlier commit; the rollout stream through a kill -9 and a resume with every prompt of the stream trained
 exactly once and no token past the bound; disaggregated placement under torchrun (two learners,
-one rollout rank) that runs, resumes, checks its weight broadcast, and ends in one sentence
-when the rollout rank dies."""
+one rollout rank) that runs, checks its weight broadcast, and ends in one sentence when the
+rollout rank dies (its resume on both sides: tests/test_slurm_rollout_nodes.py's requeue)."""
 
 import json
 import os
@@ -207,7 +207,7 @@ def torchrun(model, run_dir, steps, *extra, timeout=600):
 
 
 @pytest.mark.e2e
-def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sentence(
+def test_disaggregated_runs_and_a_dead_rollout_rank_ends_it_in_one_sentence(
         model, tmp_path):
     run_dir = tmp_path / "run"
     argv, environment = torchrun(model, run_dir, 2)
@@ -225,12 +225,6 @@ def test_disaggregated_runs_resumes_and_a_dead_rollout_rank_ends_it_in_one_sente
         assert r["rollout/staleness_max"] <= 1
         # both sides' memory: the learner's own and the rollout rank's, as it reported it
         assert r["perf/host_memory_gib"] > 0.1 and r["perf/rollout_host_memory_gib"] > 0.1, r
-    # the same command with more steps resumes on both sides
-    argv, environment = torchrun(model, run_dir, 3)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),
-                          env=environment)
-    assert done.returncode == 0, why(done)
-    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3] and "resuming from" in done.stdout
     # a rollout rank killed mid-run: the learners stop in one sentence, well within the timeout
     argv, environment = torchrun(model, tmp_path / "dies", 40, "rollout.timeout_s=300")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -107,7 +107,8 @@ def test_the_readme_walk_runs_on_one_cpu_node(cluster, tmp_path):
     script = "\n".join(rehearse(line, overrides, rlep) for line in walk_lines())
     print("the walk as rehearsed:\n" + script)
     env = dict(cluster.env(), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               MEGATRON_RLEP_VENV=sys.prefix, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+               MEGATRON_RLEP_VENV=sys.prefix, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore",
+               PREFLIGHT="0")  # each job's preflight: tests/test_slurm.py's
     started = time.time()
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=scaled(300))

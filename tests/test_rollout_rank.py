@@ -174,7 +174,7 @@ def test_a_bridge_rank_that_never_comes_is_said_within_the_start_up_deadline(job
 def test_an_engines_ranks_hear_from_its_reader_every_heartbeat_and_time_out_by_the_run(
         monkeypatch):
     """Issue 76, item 3: the ranks of a TP engine wait for each other at most rollout.timeout_s
-    (their group's timeout; on 4eafd73 torch's 30 minutes), and the engine's reader passes its
+    in their own group (on 4eafd73 torch's 30 minutes), and the engine's reader passes its
     other ranks ``Idle`` after a heartbeat's time without a message from learner 0, so a long
     silence of learner 0's (a checkpoint save) outlasts that timeout (on 4eafd73 the reader
     waited on learner 0 as long as it took, the other ranks in their broadcast meanwhile)."""
@@ -192,9 +192,10 @@ def test_an_engines_ranks_hear_from_its_reader_every_heartbeat_and_time_out_by_t
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: made.append(kw["timeout"]))
     monkeypatch.setattr(dist, "new_group", lambda ranks, **kw: made.append(kw["timeout"]) or ranks)
     rank = rollout_rank.RolloutRank.__new__(rollout_rank.RolloutRank)
-    rank.r, rank.index, rank.bridge = cfg.rollout, 3, type("B", (), {"timeout": None})()
+    start_up = datetime.timedelta(seconds=1800)  # the bridge's: rollout.connect_timeout_s
+    rank.r, rank.index, rank.bridge = cfg.rollout, 3, type("B", (), {"timeout": start_up})()
     assert rank._engine_group() == ([2, 3], 2)
-    assert made == [datetime.timedelta(seconds=45)] * 3
+    assert made == [start_up] + [datetime.timedelta(seconds=45)] * 2  # the world, the engines
 
     class Silent:  # learner 0 saying nothing (its heartbeats keep it alive)
         beat_s = 0.2

@@ -69,9 +69,9 @@ def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_a_long_save_and
         two_nodes, assets, tmp_path):
     """The cluster rehearsal: ROLLOUT_NODES=1 of sbatch -N 2, two learners on one node and two
     rollout ranks on the other forming one vLLM engine of tensor parallelism 2. The learners
-    start 65 s after the rollout ranks (more than the 60-s start-up floor the bridge once had:
-    the rollout ranks wait, as their log says), and learner 0's first checkpoint save lasts 65 s
-    longer (6.5x rollout.timeout_s: its heartbeats keep the bridge up). After step 3 the job is
+    start 30 s after the rollout ranks (3x rollout.timeout_s: the rollout ranks wait, as their
+    log says), and learner 0's first checkpoint save lasts 30 s longer (3x rollout.timeout_s:
+    its heartbeats keep the bridge up, and its engine's reader keeps the TP group's). After step 3 the job is
     preempted as Slurm does it (`scontrol requeue`: SIGTERM to every process, the job requeued):
     the rollout ranks serve on, the learners finish their step and checkpoint, then tell the
     rollout ranks to stop, and the requeued job resumes on both sides (on a49faf2 the rollout
@@ -83,8 +83,8 @@ def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_a_long_save_and
 
     run_dir = tmp_path / "run"
     env = {"PYTHONPATH": str(REPO / "tests" / "helpers" / "slow_trainer"), "ROLLOUT_NODES": "1",
-           "SLOW_SECONDS": "65", "SLOW_WHEN": "learner0", "SLOW_METHOD": "save",
-           "LATE_RANKS": "0,1", "LATE_SECONDS": "65"}
+           "SLOW_SECONDS": "30", "SLOW_WHEN": "learner0", "SLOW_METHOD": "save",
+           "LATE_RANKS": "0,1", "LATE_SECONDS": "30"}
     job, log = submit(two_nodes, "train.sbatch", run_dir, disaggregated(
         assets, 6, "rollout.timeout_s=10", "logging.save_every=2", "logging.eval_every=2"),
         nproc=2, sbatch=("-N", "2"), env=env)
@@ -102,9 +102,9 @@ def test_a_disaggregated_job_on_two_nodes_outlives_late_learners_a_long_save_and
     met = re.search(r"learner 0: the bridge met: learner 0 \(job rank 0\) on (node\d); rollout "
                     r"ranks 0-1 \(job ranks 2-3\) on (node\d)$", text, re.M)
     assert met and {met[1], met[2]} == {"node1", "node2"}, text[-5000:]
-    assert "test: rank 0 starts 65 s late" in text and "rollout rank 0: waiting up to 1800 s " \
+    assert "test: rank 0 starts 30 s late" in text and "rollout rank 0: waiting up to 1800 s " \
            "(rollout.connect_timeout_s)" in text
-    assert "test: the first Trainer.save lasts 65 s longer" in text
+    assert "test: the first Trainer.save lasts 30 s longer" in text
     # preempted: the learners checkpoint the step under way, the rollout ranks wait for them
     stopped = re.search(r"stopping on SIGTERM: saved step-0*(\d+)", text)
     assert stopped and int(stopped[1]) >= 4, text[-5000:]

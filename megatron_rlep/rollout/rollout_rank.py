@@ -106,14 +106,16 @@ class RolloutRank:
         rollout ranks' world first (vLLM's launcher reads RANK and WORLD_SIZE), then a group per
         engine, each made by every rank."""
         r, index = self.r, self.index
-        # liveness: a rank that hears nothing from its engine's peers for rollout.timeout_s
-        # (torch's default is 30 minutes) is told so by the group; the reader speaks at least
-        # every heartbeat (``next_message``), so a long silence of learner 0's breaks nothing
+        # liveness: a rank that hears nothing from its engine's reader for rollout.timeout_s
+        # (torch's default is 30 minutes) is told so by their group; the reader speaks at least
+        # every heartbeat (``next_message``), so a long silence of learner 0's breaks nothing.
+        # The world's collectives (vLLM's) include the engines' start-ups, which may differ by
+        # as much as the ranks' own starts: rollout.connect_timeout_s
         timeout = datetime.timedelta(seconds=r.timeout_s)
         os.environ.update(RANK=str(index), WORLD_SIZE=str(r.ranks))
         dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl",
                                 store=job_store("rollout", self.bridge.timeout), rank=index,
-                                world_size=r.ranks, timeout=timeout)
+                                world_size=r.ranks, timeout=self.bridge.timeout)
         first, mine = index - index % r.tensor_parallel, None
         for start in range(0, r.ranks, r.tensor_parallel):
             group = dist.new_group(list(range(start, start + r.tensor_parallel)), backend="gloo",
