@@ -149,6 +149,11 @@ def test_learner_0_logs_where_the_rollout_ranks_run_and_a_fault_names_the_dead_r
     assert str(said.value) == ("rollout rank 1 (job rank 7 on n3) is gone: the bridge to it "
                                "broke (RuntimeError: Connection reset by peer); its log says why")
     learner.inbox[2].get()
+    later = threading.Timer(0.3, learner.inbox[2].put, [messages.Broken("RuntimeError: reset")])
+    later.start()  # a broadcast to them all broke first: which rank's link, its reader says
+    assert stream._fault(0, RuntimeError("Connection reset by peer")).startswith(
+        "rollout rank 1 (job rank 7 on n3) is gone: the bridge to it broke (RuntimeError: reset)")
+    learner.inbox[2].get()
     learner.inbox[1].put(messages.Failed("ValueError: bad prompt"))
     with pytest.raises(RolloutRankError, match=r"^rollout rank 0 \(job rank 2 on n2\) failed: "
                                                r"ValueError: bad prompt$"):

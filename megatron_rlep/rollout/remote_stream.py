@@ -145,10 +145,12 @@ class RemoteStream(RolloutStream):
 
     def _fault(self, rank: int, why) -> str:
         """One sentence for bridge rank ``rank``'s fault (``why``: its ``Failed`` or ``Broken``
-        message, or an error), naming the rank as the job does. A rank whose process died is
-        the cause wherever it is: its link breaks at once, while a peer of its engine may report
-        the broken collective first (a second of grace for that link)."""
-        dead = self.bridge.broken(wait_s=1.0 if isinstance(why, Failed) else 0.0)
+        message, or an error; ``rank`` 0: not known, as when a broadcast to them all broke),
+        naming the rank as the job does. A rank whose process died is the cause wherever it is:
+        its link breaks at once, while a peer of its engine may report the broken collective
+        first, or a broadcast break before the link's reader says which rank's it was (a second
+        of grace for that)."""
+        dead = self.bridge.broken(wait_s=1.0 if isinstance(why, Failed) or not rank else 0.0)
         if dead is not None:
             rank, why = dead[0], Broken(dead[1])
         if isinstance(why, Failed):
