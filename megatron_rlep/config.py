@@ -242,6 +242,9 @@ class RolloutConfig:
     timeout_s: float = at_least(1.0, default=600.0)
     # disaggregated: the longest any rank waits at start-up for the others to reach the bridge
     connect_timeout_s: float = at_least(1.0, default=1800.0)
+    # disaggregated: the longest one weight sync may take once every rollout rank is ready for
+    # it (the bucket broadcasts; NCCL's own timeout is set a minute beyond it)
+    sync_timeout_s: float = at_least(1.0, default=300.0)
     # tools in the loop (rollout/tools.py; docs/usage.md, "Tools"): their names (python, or a
     # function of your own as module:function), the most calls an answer makes, each call's
     # wall-clock limit, the characters of its output the model reads, the calls run at once

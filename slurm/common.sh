@@ -142,7 +142,8 @@ split_error() {
 }
 
 # launch ARGS...: a preflight on every node, then one torchrun per node through srun (all the
-# node's CPUs for it); torchrun starts NPROC_PER_NODE ranks.
+# node's CPUs for it); torchrun starts NPROC_PER_NODE ranks. It runs as megatron_rlep.launch:
+# torchrun without its traceback when a rank fails (that rank's one sentence says why).
 launch() {
     claim_run_dir
     rm -f "$STOP_FILE"  # left by a job that died before its ranks saw it
@@ -151,7 +152,7 @@ launch() {
             python scripts/check_env.py --preflight --nproc "$NPROC_PER_NODE" -- "$@"
     fi
     srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_NODE" \
-        torchrun --nnodes "$SLURM_JOB_NUM_NODES" --nproc_per_node "$NPROC_PER_NODE" \
+        python -m megatron_rlep.launch --nnodes "$SLURM_JOB_NUM_NODES" --nproc_per_node "$NPROC_PER_NODE" \
         --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \
         --rdzv_id "$JOB_TAG" "$@" &
     STEP_PID=$!

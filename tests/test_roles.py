@@ -84,3 +84,19 @@ def test_each_rank_of_a_disaggregated_job_takes_a_gpu_of_its_own_from_the_entry_
     assert taken == {"0": 0, "1": 1, "2": 2}, done.stdout
     started = {e["rank"]: e["visible"] for e in events if e["event"] == "cuda started"}
     assert started == {"0": [0, 1, 2, 3], "1": [1], "2": [2]}, done.stdout
+
+
+def test_the_slurm_scripts_launcher_is_torchrun_less_its_traceback():
+    """Issue 76, item 4: a failed rank has said why in one sentence; the node's launcher
+    (``python -m megatron_rlep.launch``, as slurm/common.sh starts it) adds one line and no
+    traceback, where torchrun adds its ChildFailedError traceback on every node."""
+    launch = [sys.executable, "-m", "megatron_rlep.launch", "--standalone", "--nproc_per_node",
+              "1", "--no-python", "false"]
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=scaled(120), cwd=REPO)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert "launch: rank 0 of this node's ranks exited with status 1; the job's log says why" \
+        in done.stderr
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", *launch[3:]],
+                              capture_output=True, text=True, timeout=scaled(120), cwd=REPO)
+    assert torchrun.returncode == 1 and "ChildFailedError" in torchrun.stderr  # what it spares
+

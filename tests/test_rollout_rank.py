@@ -2,6 +2,8 @@
 the engine it builds, with the bridge and the engine stood in for; the bridge
 (megatron_rlep/rollout/bridge.py) and the learners' loop."""
 
+import threading
+
 import pytest
 from speed import scaled
 
@@ -17,7 +19,7 @@ class Built(Exception):
 class FakeBridge:
     """Stands in for the bridge to learner 0: records what the rank says, answers stop."""
 
-    def __init__(self, rank, size, timeout_s, connect_s):
+    def __init__(self, rank, size, timeout_s, connect_s, sync_s):
         self.sent = []
         FakeBridge.last = self
 
@@ -222,6 +224,39 @@ def test_an_engines_ranks_hear_from_its_reader_every_heartbeat_and_time_out_by_t
     assert said == [messages.Idle()] and passed == [messages.Idle()]
 
 
+class Broadcast:
+    """A broadcast's NCCL work as learner 0 sees it: done when ``done`` says so (a rank that never
+    joins: never; NCCL's own wait has no deadline but its watchdog), the host's waits written to
+    ``order``."""
+
+    def __init__(self, order, index, done=True):
+        self.order, self.index, self.done = order, index, done
+
+    def is_completed(self):
+        if self.done:
+            self.order.append(("wait for", self.index))
+        return self.done
+
+    def wait(self):  # on a GPU: the stream's wait, not the host's
+        pass
+
+
+def fake_bridge(order, done=True, sync_s=300.0):
+    """Learner 0's end of a bridge to one rollout rank, its weights group stood in for."""
+    import queue
+
+    class Group:
+        def broadcast(self, tensors, options):
+            order.append(("broadcast", len(tensors[0])))
+            return Broadcast(order, sum(o[0] == "broadcast" for o in order) - 1, done)
+
+    bridge = bridges.Bridge.__new__(bridges.Bridge)
+    bridge.rank, bridge.size, bridge.weights, bridge.sync_s = 0, 2, Group(), sync_s
+    bridge.inbox = {1: queue.Queue()}
+    bridge.send = lambda peer, message: None
+    return bridge
+
+
 def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monkeypatch):
     """Finding 4: on a GPU a broadcast's wait holds the stream, not the host, so the host once ran
     ahead and made every bucket's flat copy before the first crossed; now it waits for the
@@ -229,34 +264,58 @@ def test_learner_0_holds_at_most_two_flat_buckets_while_they_cross_the_wire(monk
     import torch
 
     order = []
-
-    class Event:
-        def __init__(self):
-            self.index = sum(1 for o in order if o[0] == "broadcast") - 1
-
-        def record(self):
-            order.append(("record", self.index))
-
-        def synchronize(self):
-            order.append(("wait for", self.index))
-
-    class Group:
-        def broadcast(self, tensors, options):
-            order.append(("broadcast", len(tensors[0])))
-            return type("Work", (), {"wait": lambda self: None})()
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(bridges, "flat_bucket", lambda bucket, device: order.append(
         ("copy", bucket[0][0])) or torch.zeros(4, dtype=torch.uint8))
-    bridge = bridges.Bridge.__new__(bridges.Bridge)
-    bridge.size, bridge.weights = 2, Group()
-    bridge.send = lambda peer, message: None
+    bridge = fake_bridge(order)
     buckets = [[(f"b{k}", torch.zeros(1))] for k in range(4)]
     assert bridge.broadcast_buckets(buckets) == 16
     copies = [i for i, o in enumerate(order) if o[0] == "copy"]
     assert order[copies[2] - 1] == ("wait for", 0) and order[copies[3] - 1] == ("wait for", 1)
-    assert sum(o[0] == "wait for" for o in order) == 2
+    assert [o for o in order[copies[3]:] if o[0] == "wait for"] == [("wait for", 2),
+                                                                   ("wait for", 3)]
+
+
+def test_a_weight_sync_ends_within_its_budget_and_names_a_rank_that_died_in_it(monkeypatch):
+    """Issue 76, item 2: learner 0 waits for a weight sync at most rollout.sync_timeout_s, and a
+    rank whose process dies meanwhile is said at once, each in one sentence (on a49faf2 a
+    broadcast's wait had no deadline but its NCCL group's timeout, then NCCL's watchdog abort);
+    the NCCL group's own timeout lies a margin beyond the budget."""
+    import datetime
+    import time
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bridges, "flat_bucket", lambda bucket, device: torch.zeros(4))
+    buckets = [[("w", torch.zeros(1))]]
+    outcome = []
+
+    def sync(bridge):
+        start = time.monotonic()
+        try:
+            bridge.broadcast_buckets(buckets)
+        except Exception as err:  # noqa: BLE001 - what the test looks at
+            outcome.append((err, time.monotonic() - start))
+
+    stuck = fake_bridge([], done=False, sync_s=0.5)  # the rank never joins the broadcast
+    waiting = threading.Thread(target=sync, args=(stuck,), daemon=True)
+    waiting.start()
+    waiting.join(scaled(10))
+    assert outcome, "learner 0 still waits in the broadcast"
+    err, took = outcome.pop()
+    assert isinstance(err, bridges.SyncTimeout) and 0.5 <= took < scaled(5), (err, took)
+    assert str(err).startswith("a weight sync did not finish within 0.5 s "
+                               "(rollout.sync_timeout_s) after every rollout rank was ready")
+    dead = fake_bridge([], done=False, sync_s=300.0)  # the rank dies in it
+    dead.inbox[1].put(messages.Broken("RuntimeError: Connection reset by peer"))
+    waiting = threading.Thread(target=sync, args=(dead,), daemon=True)
+    waiting.start()
+    waiting.join(scaled(10))
+    err, took = outcome.pop()
+    assert isinstance(err, bridges.PeerGone) and took < scaled(5)
+    assert "bridge rank 1's link broke during a weight sync" in str(err)
+    assert bridges.weights_timeout(300.0) == datetime.timedelta(seconds=360)
 
 
 def test_the_placement_is_chosen_once_and_the_loop_never_asks_where_the_engines_run():

@@ -153,4 +153,5 @@ def test_a_rollout_rank_killed_mid_step_ends_the_job_in_one_sentence(two_nodes, 
     errors = [line for line in text.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, text[-4000:]
     assert errors[0].startswith(f"error: rollout rank 1 (job rank 3 on {node}) is gone: "), errors
+    assert "Traceback" not in text, text[-4000:]  # a known fault: no rank's, no launcher's
     assert took < scaled(120), (took, errors)

@@ -163,6 +163,11 @@ def test_the_start_up_line_gives_the_effective_bound():
                              "rollout.partial=true", "rollout.extra_prompts=2"])
     line = asynchrony_line(cfg, rollout_side(cfg).where)
     assert line.startswith("asynchronous rollout: colocated engines, ")
+    apart = compose(["experiment=cpu_demo", "algorithm.max_staleness=1",
+                     "rollout.placement=disaggregated", "rollout.ranks=1"])
+    assert asynchrony_line(apart, rollout_side(apart).where).startswith(
+        "asynchronous rollout: disaggregated engines (their weights broadcast within 300 s a "
+        "sync, rollout.sync_timeout_s); ")  # the sync's budget, stated at start
     assert "at most 2 policy versions after its oldest token" in line
     assert "the step's 2 updates add up to 1 more, so a token is at most 3 updates behind" in line
     assert "partial rollouts in segments of 64 tokens" in line and "2 prompts in flight" in line

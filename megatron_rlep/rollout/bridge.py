@@ -31,12 +31,28 @@ SIZE, DATA = 1, 2  # message tags: a length, then its bytes
 LINKS = datetime.timedelta(days=7)  # the message links' transport timeout: never the judge
 
 
-def nccl_options(timeout_s: float):
-    """The weight group's options: the run's timeout, not NCCL's ten-minute default, whose
-    watchdog would abort the job without the one-sentence error."""
+NCCL_MARGIN_S = 60.0  # NCCL's watchdog after the sync's own deadline, which says it first
+
+
+def weights_timeout(sync_s: float) -> datetime.timedelta:
+    """The weight group's NCCL timeout: the sync's budget and a margin, so that the bridge's
+    deadline (one sentence) comes before NCCL's watchdog (an abort), and neither is NCCL's
+    ten-minute default."""
+    return datetime.timedelta(seconds=sync_s + NCCL_MARGIN_S)
+
+
+def nccl_options(sync_s: float):
     options = dist.ProcessGroupNCCL.Options()
-    options._timeout = datetime.timedelta(seconds=max(timeout_s, 60))
+    options._timeout = weights_timeout(sync_s)
     return options
+
+
+class PeerGone(RuntimeError):
+    """A bridge rank's process died while this one waited for it (its link broke)."""
+
+
+class SyncTimeout(TimeoutError):
+    """A weight sync past ``rollout.sync_timeout_s``: its message is the whole sentence."""
 
 
 def node_name() -> str:
@@ -79,8 +95,9 @@ class Bridge:
     process died breaks its connection at once. Start-up waits at most ``connect_s`` for every
     rank of the bridge, and says so in the log."""
 
-    def __init__(self, rank: int, size: int, timeout_s: float, connect_s: float = 1800.0):
-        self.rank, self.size, self.timeout_s = rank, size, timeout_s
+    def __init__(self, rank: int, size: int, timeout_s: float, connect_s: float = 1800.0,
+                 sync_s: float = 300.0):
+        self.rank, self.size, self.timeout_s, self.sync_s = rank, size, timeout_s, sync_s
         self.beat_s = min(max(timeout_s / 10, 0.2), 10.0)  # between heartbeats
         self.timeout = datetime.timedelta(seconds=connect_s)  # the stores' (start-up) deadline
         self.store = job_store("bridge", self.timeout)
@@ -89,7 +106,7 @@ class Bridge:
                                               size, LINKS)
         if torch.cuda.is_available():
             self.weights = dist.ProcessGroupNCCL(dist.PrefixStore("weights", self.store), rank,
-                                                 size, nccl_options(timeout_s))
+                                                 size, nccl_options(sync_s))
         else:
             self.weights = self.messages
         self.lock = threading.Lock()  # a message's two sends are not split by a heartbeat's
@@ -238,49 +255,77 @@ class Bridge:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"nothing from bridge rank {peer} in {timeout_s:g} s")
 
+    def complete(self, work, deadline: float) -> None:
+        """Wait for ``work`` (a broadcast) until ``deadline`` (``time.monotonic``): a peer whose
+        process died meanwhile is ``PeerGone``, a deadline passed ``TimeoutError``, each in one
+        sentence. It polls: a broadcast's own wait has no deadline but its group's timeout,
+        after which NCCL's watchdog aborts the process without a word."""
+        while not work.is_completed():
+            dead = self.broken()
+            if dead is not None:
+                raise PeerGone(f"bridge rank {dead[0]}'s link broke during a weight sync "
+                               f"({dead[1]})")
+            if time.monotonic() > deadline:
+                raise SyncTimeout(
+                    f"a weight sync did not finish within {self.sync_s:g} s "
+                    "(rollout.sync_timeout_s) after every rollout rank was ready for it: a "
+                    "rank is stuck in it, or the network is slower than the budget allows for "
+                    "the model's bytes; raise rollout.sync_timeout_s, or look at that network")
+            time.sleep(0.001)
+        work.wait()  # done: its error, if it failed, raised here
+
     def broadcast_buckets(self, buckets, in_flight: int = 2) -> int:
         """Learner 0: each bucket's names, shapes and dtypes as a message to every rollout rank,
-        then its tensors as one flat broadcast; returns the bytes sent. On a GPU a broadcast's
-        ``wait`` holds the stream, not the host, so the host waits for the broadcast
-        ``in_flight`` buckets back before it copies the next one flat: at most that many flat
-        copies exist at once (else learner 0 could hold a second copy of the model)."""
+        then its tensors as one flat broadcast; returns the bytes sent. The host waits for the
+        broadcast ``in_flight`` buckets back before it copies the next one flat: at most that
+        many flat copies exist at once (else learner 0 could hold a second copy of the model).
+        Every wait has the sync's deadline, ``rollout.sync_timeout_s`` from now (``complete``);
+        the rollout ranks said they were ready first (``Ready``)."""
+        deadline = time.monotonic() + self.sync_s
         sent = 0
         cuda = torch.cuda.is_available()
         device = torch.device("cuda") if cuda else torch.device("cpu")
-        done: list = []  # per bucket sent, an event the host can wait on (GPU)
+        works: list = []
         for bucket in buckets:
-            if cuda and len(done) >= in_flight:
-                done[-in_flight].synchronize()
+            if len(works) >= in_flight:
+                self.complete(works[-in_flight], deadline)
             tensors = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in bucket]
             for peer in range(1, self.size):
                 self.send(peer, Bucket(tensors))
             flat = flat_bucket(bucket, device)
             options = dist.BroadcastOptions()
             options.rootRank = 0
-            self.weights.broadcast([flat], options).wait()
-            if cuda:
-                done.append(torch.cuda.Event())
-                done[-1].record()
+            works.append(self.weights.broadcast([flat], options))
+            if cuda:  # the current stream waits for it, so ``flat`` lives until it is sent
+                works[-1].wait()
+            else:  # gloo: the messages' group, one operation at a time
+                self.complete(works[-1], deadline)
             sent += flat.numel()
+        for work in works[-in_flight:]:
+            self.complete(work, deadline)
         for peer in range(1, self.size):
             self.send(peer, BucketsDone())
         return sent
 
     def receive_buckets(self, timeout_s: float):
         """A rollout rank: the buckets learner 0 broadcasts, one at a time, as the engine's
-        ``load_weights`` takes them."""
+        ``load_weights`` takes them; each header within ``timeout_s``, the whole sync within
+        ``rollout.sync_timeout_s``."""
+        deadline = time.monotonic() + self.sync_s
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         while True:
             message = self.receive(0, timeout_s)
             if isinstance(message, BucketsDone):
                 return
+            if isinstance(message, Broken):
+                raise PeerGone(f"learner 0's link broke during a weight sync ({message.why})")
             specs = message.tensors
             sizes = [torch.Size(t.shape).numel() * torch.empty((), dtype=t.dtype).element_size()
                      for t in specs]
             flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
             options = dist.BroadcastOptions()
             options.rootRank = 0
-            self.weights.broadcast([flat], options).wait()
+            self.complete(self.weights.broadcast([flat], options), deadline)
             tensors, start = [], 0
             for t, size in zip(specs, sizes):
                 tensors.append((t.name, flat[start:start + size].view(t.dtype).reshape(t.shape)))

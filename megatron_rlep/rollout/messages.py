@@ -6,7 +6,8 @@ Learner 0 to an engine's reader (the first of its ranks, which passes it on to t
 ``Work``, ``Weights`` (then the buckets: ``Bucket`` headers and their broadcasts, to every
 rollout rank, and ``BucketsDone``), ``Generate``, ``Probe``, ``Stop``. An engine's reader to
 learner 0: ``Landed``, ``Generated``, ``Probed``, ``Stopped``. Any rank to its peers:
-``Alive`` (heartbeats), ``Failed`` (a rank's last words). ``Broken`` is never sent: a reader
+``Alive`` (heartbeats), ``Failed`` (a rank's last words). Every rollout rank to learner 0:
+``Ready``, before a weight sync's broadcasts. ``Broken`` is never sent: a reader
 puts it in its own inbox when the link to its peer breaks; nor is ``Idle``, which an engine's
 reader passes to the engine's other ranks.
 """
@@ -33,6 +34,14 @@ class Work:
 @dataclass(frozen=True)
 class Weights:
     """The weights of policy ``version`` follow as bucket broadcasts."""
+    version: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A rollout rank to learner 0: it takes the weights of ``version`` now (its broadcasts are
+    posted next), so learner 0 waits for this on the bridge, with its deadlines, and never in a
+    broadcast that a rank busy generating has not joined."""
     version: int
 
 

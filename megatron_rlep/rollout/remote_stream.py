@@ -23,8 +23,8 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from megatron_rlep.errors import ConfigError, RunError, SaidElsewhere
-from megatron_rlep.rollout.bridge import Bridge
-from megatron_rlep.rollout.messages import (Broken, Failed, Generate, Landed, Probe, Prompt,
+from megatron_rlep.rollout.bridge import Bridge, SyncTimeout
+from megatron_rlep.rollout.messages import (Broken, Failed, Generate, Landed, Probe, Prompt, Ready,
                                             Stop, Stopped, Weights, Work)
 from megatron_rlep.rollout.stream import Flight, RolloutStream
 
@@ -32,7 +32,8 @@ from megatron_rlep.rollout.stream import Flight, RolloutStream
 def learner_bridge(cfg, learner: int):
     """Learner 0's end of the bridge (None on the other learners)."""
     r = cfg.rollout
-    return Bridge(0, 1 + r.ranks, r.timeout_s, r.connect_timeout_s) if learner == 0 else None
+    return Bridge(0, 1 + r.ranks, r.timeout_s, r.connect_timeout_s,
+                  r.sync_timeout_s) if learner == 0 else None
 
 
 def engines(cfg) -> list[list[int]]:
@@ -207,15 +208,26 @@ class RemoteStream(RolloutStream):
 
     def weights(self, version: int, export) -> None:
         """Learner 0 broadcasts the export's buckets to the rollout ranks (``export(consume)``,
-        ``Actor.export_hf``: every learner runs the whole export, its collectives); a broken
-        bridge stops them all in one sentence."""
+        ``Actor.export_hf``: every learner runs the whole export, its collectives) once every
+        rollout rank said it is ready (``Ready``: a rank busy generating says so when its
+        generate call returns; meanwhile learner 0 waits on the bridge, with its heartbeats and
+        ``rollout.timeout_s``, not in a broadcast); a broken bridge, or a sync past
+        ``rollout.sync_timeout_s``, stops them all in one sentence."""
         def broadcast(buckets):
             try:
                 for engine in self.engine_ranks:
                     self.bridge.send(engine[0], Weights(version))
+                for rank in (r for engine in self.engine_ranks for r in engine):
+                    ready = self._reply(rank)
+                    if not isinstance(ready, Ready):
+                        raise RolloutRankError(f"{self.bridge.name(rank)} answered the weights "
+                                               f"of version {version} with {ready}")
                 self.bridge.broadcast_buckets(buckets)
-            except RuntimeError as err:
-                self.failed = self._fault(0, err)
+            except SyncTimeout as err:
+                self.failed = str(err)
+            except (RuntimeError, TimeoutError) as err:  # a dead rank named (``_fault``)
+                self.failed = str(err) if isinstance(err, RolloutRankError) else \
+                    self._fault(0, err)
 
         export(broadcast if self.bridge is not None and not self.failed else None)
 

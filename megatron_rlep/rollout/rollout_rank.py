@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import host_memory
-from megatron_rlep.rollout.bridge import Bridge, job_store
+from megatron_rlep.rollout.bridge import Bridge, PeerGone, job_store
 from megatron_rlep.rollout.messages import (Broken, Failed, Finished, Generate, Generated, Idle,
-                                            Landed, Probe, Probed, Stop, Stopped, Weights, Work)
+                                            Landed, Probe, Probed, Ready, Stop, Stopped, Weights,
+                                            Work)
 from megatron_rlep.rollout.remote_stream import RolloutRankError
 from megatron_rlep.rollout.stream import Flight, RolloutStream
 
@@ -34,7 +35,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     r = cfg.rollout
     if torch.cuda.is_available():  # its one visible device (roles.own_device), taken before
         torch.cuda.set_device(0)  # the bridge's NCCL group and the engine use one
-    bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s)
+    bridge = Bridge(1 + index, 1 + r.ranks, r.timeout_s, r.connect_timeout_s, r.sync_timeout_s)
 
     def stopped(signum, frame):
         """SIGTERM (a preemption, a requeue, a cancelled job; torchrun's, when a rank beside it
@@ -46,7 +47,7 @@ def rollout_rank_main(cfg, index: int, learners: int) -> None:
     signal.signal(signal.SIGTERM, stopped)
     try:
         RolloutRank(cfg, index, bridge).run()
-    except RolloutRankError:  # learner 0's side broke: said there
+    except (RolloutRankError, PeerGone):  # learner 0's side broke: said there
         quit_quietly()
     except Exception as err:  # noqa: BLE001 - told to the learner in one line
         where = Path(cfg.run_dir) / f"rollout-rank-{index}.traceback"
@@ -196,6 +197,7 @@ class RolloutRank:
                                  self.version)
         elif isinstance(message, Weights):
             self.version = message.version
+            self.bridge.send(0, Ready(message.version))  # every rank: its broadcasts come next
             engine.load_weights(self.bridge.receive_buckets(r.timeout_s),
                                 keep_cache=r.partial_kv == "keep")
             # One write with its newline: the ranks share the launcher's stdout.

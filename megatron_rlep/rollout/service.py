@@ -92,11 +92,15 @@ class LocalRollout:
 class RemoteRollout:
     """The rollout ranks, through the learners' ``RemoteStream`` (``remote_stream.py``)."""
 
-    where = "disaggregated engines"
     toolbox = None  # the rollout ranks run the tools
 
     def __init__(self, cfg):
         self.cfg, self.bridge, self.remote = cfg, None, None
+
+    @property
+    def where(self) -> str:
+        return (f"disaggregated engines (their weights broadcast within "
+                f"{self.cfg.rollout.sync_timeout_s:g} s a sync, rollout.sync_timeout_s)")
 
     def connect(self) -> None:
         """Learner 0's end of the bridge, up before the data, the pool and the model load, so

@@ -1,0 +1,26 @@
+"""torchrun as the Slurm scripts start it (``python -m megatron_rlep.launch``, torchrun's own
+arguments): the same launcher, without its traceback when a rank fails. A failing rank has said
+why in one sentence (``error: ...``, megatron_rlep/cli.py), and a job's other ranks exit
+quietly, so torchrun's ``ChildFailedError`` traceback on every node would only bury that
+sentence. This prints one line naming the node's first failed rank and its exit status, and
+exits with status 1, as torchrun does.
+"""
+
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import main
+
+
+def launch(argv: list[str] | None = None) -> None:
+    try:
+        main(argv)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        print(f"launch: rank {rank} of this node's ranks exited with status {failure.exitcode}; "
+              "the job's log says why in its error: line", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    launch()
