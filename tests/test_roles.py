@@ -43,8 +43,9 @@ def test_the_last_ranks_are_rollout_ranks_and_the_learners_a_world_of_their_own(
 
     cfg, colocated = compose(["rollout.placement=disaggregated", "rollout.ranks=2"]), compose([])
     monkeypatch.setattr(roles.os.path, "exists", lambda path: path == "/dev/nvidiactl")
-    for name in ("CUDA_VISIBLE_DEVICES", "NCCL_CUMEM_ENABLE"):  # own_device sets them
-        monkeypatch.delenv(name, raising=False)
+    for name in ("CUDA_VISIBLE_DEVICES", "NCCL_CUMEM_ENABLE"):  # own_device sets them: unset
+        monkeypatch.setenv(name, "")  # here, and restored after (delenv of an unset name would
+        monkeypatch.delenv(name)  # restore nothing)
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("LOCAL_RANK", rank)

@@ -194,7 +194,7 @@ def test_an_engines_ranks_hear_from_its_reader_every_heartbeat_and_time_out_by_t
                    "rollout.tensor_parallel=2", "rollout.timeout_s=45"])
     made = []
     for name in ("RANK", "WORLD_SIZE"):  # _engine_group sets them: restored after the test
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "0")  # (delenv of an unset name would restore nothing)
     monkeypatch.setattr(rollout_rank, "job_store", lambda name, timeout: None)
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: made.append(kw["timeout"]))
     monkeypatch.setattr(dist, "new_group", lambda ranks, **kw: made.append(kw["timeout"]) or ranks)
