@@ -143,7 +143,13 @@ def test_learner_0_logs_where_the_rollout_ranks_run_and_a_fault_names_the_dead_r
                                 "n2; rollout rank 1 (job rank 7) on n3")
     assert learner.name(2) == "rollout rank 1 (job rank 7 on n3)"
 
-    stream = RemoteStream(learner, [[1, 2]], 1, 30.0)
+    stream = RemoteStream(learner, [[1, 2]], 1, 30.0, 1800.0)
+    # until the rollout ranks' first word (their engines start) a wait on them has the start-up's
+    # deadline (a resumed run's first weight sync once waited rollout.timeout_s for it)
+    assert stream._limit() == (1800.0, "rollout.connect_timeout_s, as their engines start")
+    learner.inbox[1].put(messages.Landed([]))
+    stream._message(1)
+    assert stream._limit() == (30.0, "rollout.timeout_s")
     learner.inbox[1].put(messages.Failed("RuntimeError: Connection closed by peer"))
     learner.inbox[2].put(messages.Broken("RuntimeError: Connection reset by peer"))
     with pytest.raises(RolloutRankError) as said:

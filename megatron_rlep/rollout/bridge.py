@@ -253,7 +253,7 @@ class Bridge:
                 pass
             self.check(peer)
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"nothing from bridge rank {peer} in {timeout_s:g} s")
+                raise TimeoutError(f"timed out: nothing from bridge rank {peer} in {timeout_s:g} s")
 
     def complete(self, work, deadline: float) -> None:
         """Wait for ``work`` (a broadcast) until ``deadline`` (``time.monotonic``): a peer whose

@@ -54,9 +54,13 @@ class RemoteStream(RolloutStream):
     most ``timeout_s``."""
 
     def __init__(self, bridge, engine_ranks: list[list[int]], max_staleness: int,
-                 timeout_s: float):
+                 timeout_s: float, start_s: float = 0.0):
         super().__init__(None, 0, 0, max_staleness)
         self.bridge, self.engine_ranks, self.timeout_s = bridge, engine_ranks, timeout_s
+        # until the rollout ranks' first word their engines may still be starting: a wait on
+        # them then has the start-up's deadline (rollout.connect_timeout_s), after it
+        # rollout.timeout_s
+        self.start_s, self.answered = max(start_s, timeout_s), False
         self.turn = 0
         self.idle = 0.0  # seconds the learners waited on the rollout ranks
         self.stashed: list = []  # finished flights that came while a reply was awaited
@@ -110,7 +114,8 @@ class RemoteStream(RolloutStream):
     def _landed(self) -> list:
         if self.failed:
             raise RolloutRankError(self.failed)
-        deadline = time.monotonic() + self.timeout_s
+        limit, key = self._limit()
+        deadline = time.monotonic() + limit
         landed, self.stashed = self.stashed, []
         while not landed:
             for engine in self.engine_ranks:
@@ -124,8 +129,8 @@ class RemoteStream(RolloutStream):
             if not landed:
                 if time.monotonic() > deadline:
                     raise RolloutRankError(
-                        f"the rollout ranks sent nothing for {self.timeout_s:g} s "
-                        "(rollout.timeout_s): one hung or died; its log says which")
+                        f"the rollout ranks sent nothing for {limit:g} s ({key}): one hung or "
+                        "died; its log says which")
                 time.sleep(0.002)
         return landed
 
@@ -142,7 +147,14 @@ class RemoteStream(RolloutStream):
         message = self.bridge.receive(rank, timeout_s)
         if isinstance(message, (Failed, Broken)):
             raise RolloutRankError(self._fault(rank, message))
+        self.answered = True
         return message
+
+    def _limit(self) -> tuple[float, str]:
+        """The longest a wait on the rollout ranks may last now, and its config key."""
+        if self.answered:
+            return self.timeout_s, "rollout.timeout_s"
+        return self.start_s, "rollout.connect_timeout_s, as their engines start"
 
     def _fault(self, rank: int, why) -> str:
         """One sentence for bridge rank ``rank``'s fault (``why``: its ``Failed`` or ``Broken``
@@ -162,7 +174,7 @@ class RemoteStream(RolloutStream):
     def _reply(self, rank: int):
         """The reply awaited from ``rank``; finished flights that come first are kept."""
         while True:
-            message = self._message(rank, self.timeout_s)
+            message = self._message(rank, self._limit()[0])
             if not isinstance(message, Landed):
                 return message
             self.stashed += message.flights
@@ -218,7 +230,10 @@ class RemoteStream(RolloutStream):
                 for engine in self.engine_ranks:
                     self.bridge.send(engine[0], Weights(version))
                 for rank in (r for engine in self.engine_ranks for r in engine):
-                    ready = self._reply(rank)
+                    try:
+                        ready = self._reply(rank)
+                    except TimeoutError as err:
+                        raise RolloutRankError(self._fault(rank, err)) from None
                     if not isinstance(ready, Ready):
                         raise RolloutRankError(f"{self.bridge.name(rank)} answered the weights "
                                                f"of version {version} with {ready}")

@@ -120,7 +120,8 @@ class RemoteRollout:
     def stream(self, segment, turns) -> RemoteStream:
         """The rollout ranks' streams, as every learner sees them."""
         a, r = self.cfg.algorithm, self.cfg.rollout
-        self.remote = RemoteStream(self.bridge, engines(self.cfg), a.max_staleness, r.timeout_s)
+        self.remote = RemoteStream(self.bridge, engines(self.cfg), a.max_staleness, r.timeout_s,
+                                   r.connect_timeout_s)
         return self.remote
 
     def before_update(self) -> None:
