@@ -175,13 +175,17 @@ class AlgorithmConfig:
     router_aux_loss: float = at_least(0.0, default=0.0)
     total_steps: int = at_least(0, default=400)
 
-    def check(self) -> None:
-        """The rules between the algorithm's keys; first ``correction.is_level=auto`` resolved:
-        token under asynchronous rollout (AReaL's decoupled loss, megatron_rlep/correction.py),
-        null otherwise."""
+    def resolve(self) -> None:
+        """``correction.is_level=auto`` made what it means: token under asynchronous rollout
+        (AReaL's decoupled loss, megatron_rlep/correction.py), null otherwise (old_logp=rollout
+        under staleness is refused by ``check``)."""
         c = self.correction
-        if c.is_level == "auto":  # (old_logp=rollout under staleness is refused below)
+        if c.is_level == "auto":
             c.is_level = "token" if self.max_staleness and self.old_logp == "actor" else None
+
+    def check(self) -> None:
+        """The rules between the algorithm's keys (``auto`` resolved first)."""
+        c = self.correction
         if self.prompts_per_rollout % self.prompts_per_update:
             raise ConfigError(
                 f"config key algorithm.prompts_per_update={self.prompts_per_update} does "
@@ -429,6 +433,10 @@ class Config:
         if r.placement == "disaggregated" and r.ranks < 1:
             raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
                               "many of the job's ranks run the engines (e.g. rollout.ranks=1).")
+        if r.placement == "disaggregated" and r.ranks % r.tensor_parallel:
+            raise ConfigError(f"config key rollout.ranks={r.ranks} is not a multiple of "
+                              f"rollout.tensor_parallel={r.tensor_parallel}: each engine takes "
+                              "that many ranks")
 
 
 @dataclass
@@ -564,13 +572,14 @@ def _check_values(node, prefix: str = "") -> None:
                 raise ConfigError(f"config key {key}={value} is out of range; it must be {bound}.")
 
 
-def _check_rules(node) -> None:
-    """Call the ``check`` of every group of ``node``, then its own: the rules between keys."""
+def _walk(node, method: str) -> None:
+    """Call ``method`` of every group of ``node``, then its own: ``resolve`` makes a value such
+    as ``auto`` what it means, ``check`` (which changes nothing) the rules between keys."""
     for f in dataclasses.fields(node):
         if dataclasses.is_dataclass(value := getattr(node, f.name)):
-            _check_rules(value)
-    if callable(check := getattr(type(node), "check", None)):
-        check(node)
+            _walk(value, method)
+    if callable(call := getattr(type(node), method, None)):
+        call(node)
 
 
 def _known_keys(node: Any) -> list[str]:
@@ -625,7 +634,8 @@ def load_config(raw: DictConfig | dict, schema: type = Config):
     except OmegaConfBaseException as err:
         raise _one_sentence(err, schema) from None
     _check_values(cfg)
-    _check_rules(cfg)
+    _walk(cfg, "resolve")
+    _walk(cfg, "check")
     return cfg
 
 

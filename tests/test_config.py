@@ -288,3 +288,33 @@ def test_a_mistyped_pool_path_stops_before_the_model_loads(tmp_path):
         f"error: experience pool {tmp_path / 'pol'} does not exist; give the output directory "
         "of tools/build_pool.py or the RLEP release parquet (algorithm.pool)")
     assert "Megatron-Core" not in result.stdout + result.stderr  # no model was built
+
+
+def test_a_configs_check_methods_change_nothing():
+    """Issue 76, item 6: the rules between keys live in the groups' ``check`` methods, which
+    only refuse; what a value such as ``auto`` means is made by ``resolve``, before them (on
+    4eafd73 ``AlgorithmConfig.check`` set ``correction.is_level``)."""
+    import copy
+    import dataclasses
+
+    from megatron_rlep.config import _walk
+
+    for overrides in ([], ["algorithm.max_staleness=2"], ["experiment=cpu_demo"]):
+        cfg = compose(overrides)
+        for path in ("", "algorithm", "rollout", "parallel", "sandbox", "verifier"):
+            group = cfg if not path else getattr(cfg, path)
+            group_copy = copy.deepcopy(group)
+            if callable(check := getattr(type(group), "check", None)):
+                check(group)
+            assert dataclasses.asdict(group) == dataclasses.asdict(group_copy), path
+        raw = dataclasses.replace(cfg.algorithm, correction=dataclasses.replace(
+            cfg.algorithm.correction, is_level="auto"))
+        raw.check()
+        assert raw.correction.is_level == "auto"  # check leaves it; resolve makes it
+        _walk(raw, "resolve")
+        assert raw.correction.is_level == cfg.algorithm.correction.is_level
+    with pytest.raises(ConfigError, match=r"rollout.ranks=3 is not a multiple of "
+                                          r"rollout.tensor_parallel=2: each engine takes"):
+        compose(["rollout.placement=disaggregated", "rollout.ranks=3",
+                 "rollout.tensor_parallel=2"])
+

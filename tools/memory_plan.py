@@ -424,10 +424,6 @@ def main(argv: list[str] | None = None) -> int:
     if disaggregated and learners < 1:
         raise SystemExit(f"error: rollout.ranks={r.ranks} leaves no learner of the {world} GPUs; "
                          "lower rollout.ranks or plan more nodes (--nodes)")
-    if disaggregated and r.ranks % r.tensor_parallel:
-        raise SystemExit(f"error: rollout.ranks={r.ranks} is not a multiple of "
-                         f"rollout.tensor_parallel={r.tensor_parallel}: each engine takes that "
-                         "many ranks; change either")
     if disaggregated and r.engine == "transformers":
         raise SystemExit("error: rollout.engine=transformers has no plan on the rollout ranks "
                          "(the plan is vLLM's); plan with rollout.engine=vllm")

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from megatron_rlep.errors import ConfigError, RunError, SaidElsewhere
+from megatron_rlep.errors import RunError, SaidElsewhere
 from megatron_rlep.rollout.bridge import Bridge, SyncTimeout
 from megatron_rlep.rollout.messages import (Broken, Failed, Generate, Landed, Probe, Prompt, Ready,
                                             Stop, Stopped, Weights, Work)
@@ -38,12 +38,8 @@ def learner_bridge(cfg, learner: int):
 
 def engines(cfg) -> list[list[int]]:
     """The rollout engines as lists of bridge ranks (an engine of rollout.tensor_parallel
-    ranks; the first reports for it)."""
+    ranks, a whole number of them: ``Config.check``; the first reports for it)."""
     tp, ranks = cfg.rollout.tensor_parallel, cfg.rollout.ranks
-
-    if ranks % tp:
-        raise ConfigError(f"config key rollout.ranks={ranks} is not a multiple of "
-                          f"rollout.tensor_parallel={tp}: each engine takes that many ranks")
     return [list(range(1 + e * tp, 1 + (e + 1) * tp)) for e in range(ranks // tp)]
 
 
