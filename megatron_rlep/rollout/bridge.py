@@ -60,6 +60,12 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def side(rank: int) -> str:
+    """Bridge rank ``rank`` by its side: bridge rank 0 is learner 0, bridge rank k rollout rank
+    k - 1."""
+    return "learner 0" if rank == 0 else f"rollout rank {rank - 1}"
+
+
 def span(numbers: list[int]) -> str:
     """0-3 for [0, 1, 2, 3]; 0,2 otherwise."""
     if len(numbers) > 1 and numbers == list(range(numbers[0], numbers[-1] + 1)):
@@ -129,7 +135,7 @@ class Bridge:
         where it runs (its node, its rank in the job): learner 0 logs the rollout ranks' nodes
         as they are (torchrun's rendezvous orders nodes by its own rule), and a fault names
         the rank by them (``name``)."""
-        who = "learner 0" if self.rank == 0 else f"rollout rank {self.rank - 1}"
+        who = side(self.rank)
         host = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"
         print(f"{who}: waiting up to {connect_s:g} s (rollout.connect_timeout_s) for the "
               f"bridge's {self.size} ranks at {host}", flush=True)
@@ -151,7 +157,7 @@ class Bridge:
 
     def name(self, rank: int) -> str:
         """Bridge rank ``rank`` as a user finds it: "rollout rank 1 (job rank 3 on node2)"."""
-        who = "learner 0" if rank == 0 else f"rollout rank {rank - 1}"
+        who = side(rank)
         node, job_rank = self.places[rank]
         return f"{who} (job rank {job_rank} on {node})"
 
