@@ -101,3 +101,32 @@ def test_the_slurm_scripts_launcher_is_torchrun_less_its_traceback():
                               capture_output=True, text=True, timeout=scaled(120), cwd=REPO)
     assert torchrun.returncode == 1 and "ChildFailedError" in torchrun.stderr  # what it spares
 
+
+
+def test_a_node_that_loses_the_rendezvous_says_so_in_one_line():
+    """A two-node job whose first node's rank fails: that node's launcher ends and its
+    rendezvous store with it, and the second node's launcher, watching the rendezvous while its
+    rank runs, loses it. It says so in one line and exits 1, with no traceback (on f6a37d0 it
+    printed RendezvousConnectionError's, which CI's two-node killed-rank test caught) and none
+    of its store's C++ stacks, while its rank keeps the C++ log level it was given."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def node(keeper: bool, program: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "megatron_rlep.launch", "--nnodes", "2", "--nproc_per_node",
+             "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+             "--rdzv_id", "lost", "--rdzv_conf", f"is_host={int(keeper)}", "--no-python",
+             *program], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "TORCH_CPP_LOG_LEVEL": "WARNING"})
+
+    first = node(True, ["false"])
+    second = node(False, ["sh", "-c", "echo rank sees $TORCH_CPP_LOG_LEVEL; sleep 60"])
+    said = second.communicate(timeout=scaled(120))[0]
+    first.communicate(timeout=scaled(60))
+    assert second.returncode == 1 and "Traceback" not in said and "frame #" not in said, said
+    assert "rank sees WARNING" in said, said
+    assert "launch: this node lost the job's rendezvous" in said, said
