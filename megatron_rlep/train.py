@@ -191,6 +191,19 @@ class Trainer:
         self.checkpoints.save(self.actor, step, self.producer.state(),
                               self.producer.pool if live else None)
 
+    def save_if_due(self) -> bool:
+        """A checkpoint at the last step and every ``logging.save_every`` steps, and the final
+        policy in Hugging Face form for pools; whether a checkpoint was written."""
+        last = self.step == self.cfg.algorithm.total_steps
+        every = self.cfg.logging.save_every
+        saved = last or bool(every and self.step % every == 0)
+        if saved:
+            self.save(self.step)
+        if last:
+            with self.checkpoints.stop_if_refused("hf", self.checkpoints.disk["hf"]):
+                self.actor.save_hf(self.run_dir / "hf")
+        return saved
+
     # ------------------------------------------------------------------ the learner
 
     def update(self, groups: list[Group]) -> tuple[list[dict], dict]:
@@ -333,6 +346,12 @@ class Trainer:
                               self.run_dir / "validation" / f"step-{step:06d}.jsonl")
         return out
 
+    def validate_and_keep(self, step: int) -> dict:
+        """``validate``, and the policy kept as the best so far if it is (``val/best_kept``)."""
+        out = self.validate(step)
+        out["val/best_kept"] = float(self.checkpoints.keep_best(self.actor, step, out["val/acc"]))
+        return out
+
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
@@ -349,54 +368,28 @@ class Trainer:
         try:
             while self.step < a.total_steps:
                 step = self.step
-                metrics = {}
                 if every and step == 0:
                     first = self.validate(0)  # the untrained policy
                     self.checkpoints.keep_best(self.actor, 0, first["val/acc"])
                     monitor.log(0, first, advance=False)
-                t0, tools0 = time.perf_counter(), self.tool_seconds()
-                groups, info = producer.groups(step)
-                stale = producer.staleness_metrics(groups, step) if self.stream is not None \
-                    else {}
-                t1 = time.perf_counter()
-                tools_s = None if tools0 is None else self.tool_seconds() - tools0
+                record = StepRecord(self, settle_pages)
+                groups, info = producer.groups(step)  # prompts, G fresh + M replays, rewards
+                record.rolled_out(groups, info)
                 updates, mismatch = self.update(groups) if groups else ([], {})
                 if self.too_many_skipped():
                     self.stop_on_skipped(step)
-                t2 = time.perf_counter()
-                metrics.update(mismatch)
-                metrics.update(self.sync_weights(step + 1) if updates else {})
+                record.updated(updates, mismatch)
+                if updates:
+                    record.add(self.sync_weights(step + 1))
                 if a.replay.refresh and producer.pool is not None:
                     producer.refresh_pool(groups, step)
                 self.step += 1
                 if every and (self.step % every == 0 or self.step == a.total_steps):
-                    metrics.update(self.validate(self.step))
-                    metrics["val/best_kept"] = float(self.checkpoints.keep_best(
-                        self.actor, self.step, metrics["val/acc"]))
-                metrics.update(_step_metrics(groups, updates, info, t1 - t0, t2 - t1))
-                metrics.update(_tool_metrics(groups, tools_s, t1 - t0))
-                if self.stream is not None:  # asynchronous: each side's waits on the other
-                    metrics.update(stale)
-                    metrics.update(self.rollout.waits(t1 - t0, info["generating_s"],
-                                                      time.perf_counter() - t1))
-                metrics.update(self.scorer.take_counts())  # rewards that raised, timed out, ...
-                metrics["reward/unscored"], producer.unscored = producer.unscored, 0
-                if producer.pool is not None:
-                    metrics.update(producer.replay_metrics(groups, step))
-                metrics["time/step_s"] = time.perf_counter() - t0
-                metrics.update(settle_pages())
-                metrics.update(_memory_metrics())
-                if cfg.logging.dump_batches:  # every rank's own: they must agree
-                    rank = f"rank-{dist.get_rank()}/" if not is_rank0() else ""
-                    _dump(self.run_dir / "batches" / f"{rank}step-{step:06d}.json", groups)
-                saved = self.step == a.total_steps or (cfg.logging.save_every and
-                                                       self.step % cfg.logging.save_every == 0)
-                if saved:
-                    self.save(self.step)
-                if self.step == a.total_steps:
-                    # the policy for pools
-                    with self.checkpoints.stop_if_refused("hf", self.checkpoints.disk["hf"]):
-                        self.actor.save_hf(self.run_dir / "hf")
+                    record.add(self.validate_and_keep(self.step))
+                metrics = record.finish()
+                if cfg.logging.dump_batches:
+                    _dump(self.run_dir, step, groups)
+                saved = self.save_if_due()
                 monitor.log(self.step, metrics)
                 if self.step < a.total_steps and stop.agreed():
                     if not saved:
@@ -409,6 +402,52 @@ class Trainer:
         finally:
             monitor.close()
             self.scorer.close()
+
+
+class StepRecord:
+    """One step's metrics, gathered beside the loop's verbs so that the loop reads as the step
+    runs: each phase's time by ``clock``, what a verb returns (``updated``, ``add``), then in
+    ``finish`` what the step's groups, updates, tools, stream, scorer, producer and memory
+    say."""
+
+    def __init__(self, trainer: Trainer, settle_pages, clock=time.perf_counter):
+        self.trainer, self.settle_pages, self.clock = trainer, settle_pages, clock
+        self.step, self.metrics = trainer.step, {}
+        self.start, self.tools_start = clock(), trainer.tool_seconds()
+
+    def rolled_out(self, groups: list[Group], info: dict) -> None:
+        t = self.trainer
+        self.groups, self.info = groups, info
+        self.stale = t.producer.staleness_metrics(groups, self.step) if t.stream is not None \
+            else {}
+        self.rollout_end = self.clock()
+        self.tools_s = None if self.tools_start is None else t.tool_seconds() - self.tools_start
+
+    def updated(self, updates: list[dict], mismatch: dict) -> None:
+        self.updates, self.update_end = updates, self.clock()
+        self.metrics.update(mismatch)
+
+    def add(self, metrics: dict) -> None:
+        self.metrics.update(metrics)
+
+    def finish(self) -> dict:
+        t, out = self.trainer, self.metrics
+        rollout_s = self.rollout_end - self.start
+        out.update(_step_metrics(self.groups, self.updates, self.info, rollout_s,
+                                 self.update_end - self.rollout_end))
+        out.update(_tool_metrics(self.groups, self.tools_s, rollout_s))
+        if t.stream is not None:  # asynchronous: each side's waits on the other
+            out.update(self.stale)
+            out.update(t.rollout.waits(rollout_s, self.info["generating_s"],
+                                       self.clock() - self.rollout_end))
+        out.update(t.scorer.take_counts())  # rewards that raised, timed out, ...
+        out["reward/unscored"], t.producer.unscored = t.producer.unscored, 0
+        if t.producer.pool is not None:
+            out.update(t.producer.replay_metrics(self.groups, self.step))
+        out["time/step_s"] = self.clock() - self.start
+        out.update(self.settle_pages())
+        out.update(_memory_metrics())
+        return out
 
 
 def rollout_side(cfg: Config) -> LocalRollout | RemoteRollout:
@@ -543,7 +582,11 @@ def _tool_metrics(groups: list[Group], tools_s: float | None, rollout_s: float) 
             "tools/time_share": tools_s / rollout_s if rollout_s and tools_s is not None else None}
 
 
-def _dump(path: Path, groups: list[Group]) -> None:
+def _dump(run_dir: Path, step: int, groups: list[Group]) -> None:
+    """The step's groups as this rank saw them (``logging.dump_batches``): every rank's own, as
+    they must agree."""
+    rank = f"rank-{dist.get_rank()}/" if not is_rank0() else ""
+    path = run_dir / "batches" / f"{rank}step-{step:06d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = [{"id": g.example.id, **({} if g.position is None else {"position": g.position}),
              "prompt_ids": list(g.prompt_ids), "replays": g.replays,

@@ -95,6 +95,38 @@ def check_batches(run_dir: Path, model: Path, pool: Path, steps=STEPS, prompt_le
     return lines
 
 
+def test_a_steps_record_times_each_phase_and_gathers_what_the_step_says():
+    """Trainer.run keeps the step's verbs and its metrics apart (StepRecord): the rollout is
+    timed from the step's start, the update from the rollout's end, the stream's waits and the
+    step itself at the end; the stream's staleness and the pool's replays are read for the step
+    that ran; the scorer's counts and the producer's unscored answers are taken once."""
+    from types import SimpleNamespace
+
+    from megatron_rlep.train import StepRecord
+
+    ticks, waits = iter([10.0, 12.0, 15.0, 16.5, 17.0]), []
+    producer = SimpleNamespace(unscored=3, pool=object(),
+                               staleness_metrics=lambda groups, step: {"stale/step": step},
+                               replay_metrics=lambda groups, step: {"replay/step": step})
+    trainer = SimpleNamespace(
+        step=4, tool_seconds=lambda: None, stream=object(), producer=producer,
+        rollout=SimpleNamespace(waits=lambda *args: waits.append(args) or {"wait/s": 1.0}),
+        scorer=SimpleNamespace(take_counts=lambda: {"reward/errors": 2}))
+    record = StepRecord(trainer, lambda: {"memory/released_gib": 0.0}, clock=lambda: next(ticks))
+    record.rolled_out([], {"prompts_drawn": 2, "groups_dropped": 0, "gen_batches": 1,
+                           "groups_short": 0, "generating_s": 1.5})
+    record.updated([], {"rollout/logp_diff_max": 0.1})
+    record.add({"time/sync_s": 0.5})
+    out = record.finish()
+    assert (out["time/rollout_s"], out["time/update_s"], out["time/step_s"]) == (2.0, 3.0, 7.0)
+    assert waits == [(2.0, 1.5, 4.5)]  # rollout, the engine's generating, the rest of the step
+    assert (out["stale/step"], out["replay/step"]) == (4, 4)
+    assert out["reward/errors"] == 2 and out["reward/unscored"] == 3 and producer.unscored == 0
+    assert out["rollout/logp_diff_max"] == 0.1 and out["time/sync_s"] == 0.5
+    assert out["wait/s"] == 1.0 and out["memory/released_gib"] == 0.0
+    assert out["train/prompts_drawn"] == 2 and out["train/groups"] == 0
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("engine", ["transformers", "vllm"])
 def test_rlep_steps_from_the_trainers_own_batches(assets, tmp_path, engine):
