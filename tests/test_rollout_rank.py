@@ -111,6 +111,50 @@ def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_
     rollout.close(wait_s=0)  # both ends in this one process: neither closes its links
 
 
+def test_a_rank_busy_past_the_wait_on_it_says_what_it_is_doing(job_store, monkeypatch):
+    """Issue 76, item 2: a rollout rank answers the bridge during a batch: while a generate call
+    runs, its heartbeats say what it is doing and for how long, so learner 0, whose wait on it
+    ends first (rollout.timeout_s), names the rank, what it was doing and the two ways out (on
+    f6a37d0 it said "the rollout ranks sent nothing ... one hung or died", and "stopped
+    answering ... it hung" for a weight sync's Ready); a rank done with it says nothing more."""
+    import re
+    import time
+
+    from megatron_rlep.rollout.remote_stream import RemoteStream, RolloutRankError
+
+    monkeypatch.setenv("SLURMD_NODENAME", "node4")
+    monkeypatch.setenv("RANK", "2")
+    ends = {}
+
+    def start(rank):
+        ends[rank] = bridges.Bridge(rank, 2, timeout_s=2.0, connect_s=30)
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    learner, rollout = ends[0], ends[1]
+    stream = RemoteStream(learner, [[1]], 1, 2.0, 1800.0)
+    learner.inbox[1].put(messages.Landed([]))
+    stream._message(1)  # its first word: waits on it now last rollout.timeout_s
+    said = (r"^rollout rank 0 \(job rank 2 on node4\) has been generating the answers of 4 "
+            r"prompts for \d+ s, past the wait on it, 2 s \(rollout.timeout_s\): raise that "
+            r"above a batch's time \(docs/cluster.md, sizing\), or set rollout.partial=true")
+    with rollout.busy("generating the answers of 4 prompts"):
+        with pytest.raises(RolloutRankError, match=said):
+            stream._landed()  # the stream's wait for finished answers
+        with pytest.raises(TimeoutError) as waited:
+            stream._reply(1)  # a weight sync's wait for Ready: said by its caller, so
+        assert re.match(said, stream._fault(1, waited.value))
+        assert int(learner.doing(1).rsplit(" for ", 1)[1].split()[0]) >= 4
+    deadline = time.monotonic() + scaled(5)
+    while learner.doing(1) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert learner.doing(1) is None  # its next heartbeat: busy no more
+    for end in ends.values():
+        end.close(wait_s=0)  # both ends in this one process: neither closes its links
+
+
 def test_learner_0_logs_where_the_rollout_ranks_run_and_a_fault_names_the_dead_rank(
         job_store, capsys, monkeypatch):
     """Issue 76, items 4 and 5: the bridge's ranks say their node and job rank as they meet;

@@ -12,6 +12,7 @@ bridge is ``remote_stream.py``, the rollout ranks' ``rollout_rank.py``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -118,6 +119,8 @@ class Bridge:
         self.lock = threading.Lock()  # a message's two sends are not split by a heartbeat's
         self.inbox: dict[int, queue.Queue] = {}
         self.heard: dict[int, float] = {}
+        self.doing_now: tuple[str, float] | None = None  # this rank's (what, since), ``busy``
+        self.said: dict[int, tuple[str, float, float]] = {}  # a peer's (what, for_s, heard)
         self.closed = threading.Event()
         self.threads = [threading.Thread(target=self._beat, daemon=True, name="bridge-heartbeat")]
         for peer in self.peers():  # gloo's receive completes only in wait(): a thread a peer
@@ -203,18 +206,45 @@ class Bridge:
                     self.inbox[peer].put(Broken(f"{type(err).__name__}: {str(err)[:200]}"))
                 return
             self.heard[peer] = time.monotonic()
+            if isinstance(message, Alive) and message.doing:
+                self.said[peer] = (message.doing, message.for_s, self.heard[peer])
+                continue
+            self.said.pop(peer, None)  # done with it
             if isinstance(message, Alive):
                 continue
             self.inbox[peer].put(message)
             if isinstance(message, LAST):
                 return
 
+    @contextlib.contextmanager
+    def busy(self, what: str):
+        """While the block runs, this rank's heartbeats say ``what`` it is doing and for how
+        long (a generate call of a whole batch, say), so that a peer whose wait on it ends can
+        say why (``doing``)."""
+        self.doing_now = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self.doing_now = None
+
+    def doing(self, peer: int) -> str | None:
+        """What ``peer``'s last heartbeat said it was doing, and for how long by now ("generating
+        the answers of 4 prompts for 312 s"); None when it said nothing."""
+        said = self.said.get(peer)
+        if said is None:
+            return None
+        what, for_s, heard = said
+        return f"{what} for {for_s + time.monotonic() - heard:.0f} s"
+
     def _beat(self) -> None:
-        """``alive`` to every peer every few seconds, until the bridge closes or breaks."""
+        """``alive`` to every peer every few seconds (with what this rank is doing, ``busy``),
+        until the bridge closes or breaks."""
         while not self.closed.wait(self.beat_s):
+            doing = self.doing_now
+            alive = Alive(doing[0], time.monotonic() - doing[1]) if doing else Alive()
             try:
                 for peer in self.peers():
-                    self.send(peer, Alive())
+                    self.send(peer, alive)
             except Exception:  # noqa: BLE001 - a broken link: the reader says it
                 return
 

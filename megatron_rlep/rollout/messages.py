@@ -120,7 +120,10 @@ class Stopped:
 
 @dataclass(frozen=True)
 class Alive:
-    pass
+    """A heartbeat; from a rank in the middle of something long (``Bridge.busy``), what it is
+    doing and for how many seconds so far: a rank answers the bridge during a batch too."""
+    doing: str = ""
+    for_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -124,9 +124,10 @@ class RemoteStream(RolloutStream):
                     self._count(engine[0], message)
             if not landed:
                 if time.monotonic() > deadline:
-                    raise RolloutRankError(
+                    busy = [self._busy(e[0]) for e in self.engine_ranks if self._busy(e[0])]
+                    raise RolloutRankError(busy[0] if busy else (
                         f"the rollout ranks sent nothing for {limit:g} s ({key}): one hung or "
-                        "died; its log says which")
+                        "died; its log says which"))
                 time.sleep(0.002)
         return landed
 
@@ -164,8 +165,23 @@ class RemoteStream(RolloutStream):
             rank, why = dead[0], Broken(dead[1])
         if isinstance(why, Failed):
             return f"{self.bridge.name(rank)} failed: {why.why}"
+        if isinstance(why, TimeoutError) and rank and self._busy(rank):
+            return self._busy(rank)
         return gone(self.bridge.name(rank) if rank else "a rollout rank",
                     why.why if isinstance(why, Broken) else why)
+
+    def _busy(self, rank: int) -> str | None:
+        """One sentence for bridge rank ``rank`` alive but busy past the wait on it (what its
+        heartbeats said, ``Bridge.busy``: a batch's generate call, say); None if it said
+        nothing."""
+        doing = self.bridge.doing(rank)
+        if doing is None:
+            return None
+        limit, key = self._limit()
+        return (f"{self.bridge.name(rank)} has been {doing}, past the wait on it, {limit:g} s "
+                f"({key}): raise that above a batch's time (docs/cluster.md, sizing), or set "
+                "rollout.partial=true, whose segments of rollout.segment_tokens answer between "
+                "them")
 
     def _reply(self, rank: int):
         """The reply awaited from ``rank``; finished flights that come first are kept."""

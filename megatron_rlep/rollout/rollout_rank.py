@@ -212,15 +212,18 @@ class RolloutRank:
 
             if r.partial_kv == "keep":
                 engine.clear_cache()  # validated by the current weights alone
-            self.say(Generated(engine.generate(
-                message.prompts, message.counts,
-                seed=[request_seed(message.seed, i) for i in message.places], **message.sampling)))
+            with self.bridge.busy(f"generating {sum(message.counts)} validation answers"):
+                answers = engine.generate(message.prompts, message.counts,
+                                          seed=[request_seed(message.seed, i)
+                                                for i in message.places], **message.sampling)
+            self.say(Generated(answers))
         elif isinstance(message, Probe):
             self.say(Probed(engine.sequence_logprobs(message.ids)))
 
     def sample(self) -> None:
         """A segment of every answer in flight; what finished goes to learner 0."""
-        self.stream.advance(self.version, self.cfg.seed)
+        with self.bridge.busy(f"generating the answers of {len(self.stream.flights)} prompts"):
+            self.stream.advance(self.version, self.cfg.seed)
         landed = self.stream.take(len(self.stream.flights), self.version)
         if landed and self.reader:
             self.say(Landed([Finished(f.position, f.answers) for f in landed], self.idle,
