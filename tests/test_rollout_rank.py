@@ -80,22 +80,27 @@ def job_store(monkeypatch):
     yield server
 
 
-def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_peer(job_store):
-    """Finding 2: a learner with nothing to say for longer than rollout.timeout_s (a long
-    checkpoint save) leaves the bridge up, its heartbeats saying it is alive; a peer that is
-    not even heard from for rollout.timeout_s is found silent in one sentence."""
-    import threading
-    import time
-
+def bridge_ends(size: int, timeout_s: float) -> dict:
+    """A bridge of ``size`` ranks in this one process, each end met from its own thread."""
     ends = {}
 
     def start(rank):
-        ends[rank] = bridges.Bridge(rank, 2, timeout_s=2.0, connect_s=30)
-    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
+        ends[rank] = bridges.Bridge(rank, size, timeout_s=timeout_s, connect_s=30)
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in range(size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return ends
+
+
+def test_the_bridge_outlives_silence_longer_than_its_timeout_and_finds_a_silent_peer(job_store):
+    """Finding 2: a learner with nothing to say for longer than rollout.timeout_s (a long
+    checkpoint save) leaves the bridge up, its heartbeats saying it is alive; a peer that is
+    not even heard from for rollout.timeout_s is found silent in one sentence."""
+    import time
+
+    ends = bridge_ends(2, 2.0)
     learner, rollout = ends[0], ends[1]
     time.sleep(5)  # 2.5 x the timeout without a message either way
     learner.send(1, messages.Work([messages.Prompt(3, [1, 2], 2)]))
@@ -124,15 +129,7 @@ def test_a_rank_busy_past_the_wait_on_it_says_what_it_is_doing(job_store, monkey
 
     monkeypatch.setenv("SLURMD_NODENAME", "node4")
     monkeypatch.setenv("RANK", "2")
-    ends = {}
-
-    def start(rank):
-        ends[rank] = bridges.Bridge(rank, 2, timeout_s=2.0, connect_s=30)
-    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    ends = bridge_ends(2, 2.0)
     learner, rollout = ends[0], ends[1]
     stream = RemoteStream(learner, [[1]], 1, 2.0, 1800.0)
     learner.inbox[1].put(messages.Landed([]))
@@ -162,21 +159,12 @@ def test_learner_0_logs_where_the_rollout_ranks_run_and_a_fault_names_the_dead_r
     orders the nodes), and names a faulty rank by rollout rank, job rank and node (on 4eafd73:
     by its bridge rank, one higher, with no node). A rank whose process died is named before
     the engine peer that reports its broken collective first."""
-    import threading
 
     from megatron_rlep.rollout.remote_stream import RemoteStream, RolloutRankError
 
     monkeypatch.setenv("SLURMD_NODENAME", "node7")
     monkeypatch.setenv("RANK", "5")
-    ends = {}
-
-    def start(rank):
-        ends[rank] = bridges.Bridge(rank, 3, timeout_s=30.0, connect_s=30)
-    threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    ends = bridge_ends(3, 30.0)
     learner = ends[0]
     assert "learner 0: the bridge met: learner 0 (job rank 5) on node7; rollout ranks 0-1 " \
         "(job ranks 5,5) on node7" in capsys.readouterr().out
@@ -236,7 +224,6 @@ def test_an_engines_ranks_hear_from_its_reader_every_heartbeat_and_time_out_by_t
     silence of learner 0's (a checkpoint save) outlasts that timeout (on 4eafd73 the reader
     waited on learner 0 as long as it took, the other ranks in their broadcast meanwhile)."""
     import datetime
-    import threading
 
     import torch.distributed as dist
 
