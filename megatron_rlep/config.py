@@ -88,7 +88,7 @@ class ReplayConfig:
 class CorrectionConfig:
     """Off-policy correction (megatron_rlep/correction.py; verl's rollout_correction names)."""
     # auto | null | token | sequence [rollout_is]; auto: token under asynchronous rollout
-    # (algorithm.max_staleness > 0: AReaL's decoupled loss), null otherwise
+    # (algorithm.max_staleness > 0: the decoupled loss, truncated as verl does), null otherwise
     is_level: Optional[str] = one_of("auto", "token", "sequence", default="auto")
     # truncation C of the weights [rollout_is_threshold]
     is_threshold: float = at_least(1.0, default=2.0)
@@ -177,7 +177,7 @@ class AlgorithmConfig:
 
     def resolve(self) -> None:
         """``correction.is_level=auto`` made what it means: token under asynchronous rollout
-        (AReaL's decoupled loss, megatron_rlep/correction.py), null otherwise (old_logp=rollout
+        (the decoupled loss, megatron_rlep/correction.py), null otherwise (old_logp=rollout
         under staleness is refused by ``check``)."""
         c = self.correction
         if c.is_level == "auto":
@@ -424,6 +424,17 @@ class Config:
                               f"rollout.top_p={r.top_p} the engine's log-probs are of the "
                               "truncated distribution, not the policy's; set rollout.top_p=1 or "
                               "use algorithm.old_logp=actor.")
+        c = a.correction
+        weighed = [f"algorithm.correction.{key}={value}" for key, value in (
+            ("is_level", c.is_level), ("rs_level", c.rs_level), ("m2_threshold", c.m2_threshold),
+            ("baseline", "weighted" if c.baseline == "weighted" else None)) if value is not None]
+        if weighed and r.top_p < 1:
+            raise ConfigError(
+                f"config key {weighed[0]} compares the actor's log-probs with the engine's "
+                "(is_level=token is the default when algorithm.max_staleness > 0), and with "
+                f"rollout.top_p={r.top_p} the engine's are of the nucleus-renormalised "
+                "distribution, not the softmax the actor computes; set rollout.top_p=1, or "
+                "algorithm.correction.is_level=null to train stale tokens without the weights.")
         if (r.partial or r.extra_prompts) and a.max_staleness < 1:
             what = "rollout.partial=true continues answers under newer weights" if r.partial else \
                 f"rollout.extra_prompts={r.extra_prompts} carries finished groups into later steps"

@@ -12,7 +12,8 @@ rho_t = pi_old(t) / pi_behaviour(t) of each response token:
   above C leaves the loss instead (AReaL's ``behav_imp_weight_cap``), and the others keep
   rho_t. Log-ratios are clamped to +-20 first (verl's safety bound). The weights multiply the
   clipped surrogate's token losses: with the ratio r_t = pi(t) / pi_old(t) against the proximal
-  policy this is AReaL's decoupled loss, -w_t min(r_t A, clip(r_t) A). ``is_level=auto`` (the
+  policy this is the decoupled loss, -w_t min(r_t A, clip(r_t) A), truncated as verl does
+  (AReaL's masks: ``is_mode=mask``). ``is_level=auto`` (the
   default) is ``token`` under asynchronous rollout (``algorithm.max_staleness`` > 0), where
   tokens come from policies up to N versions old, and off otherwise (``config.py`` resolves it).
 * rejection, ``rs_level`` [rollout_rs]: ``token`` drops tokens whose rho_t lies outside

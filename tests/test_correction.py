@@ -255,3 +255,67 @@ def test_m2po_masks_the_fresh_tokens_of_a_batch_and_never_a_replays():
     assert [k.tolist() for k in kept] == [[False, True], [True, True], [False]]
     assert metrics["correction/fresh/m2"] == pytest.approx(4.25 / 3)
     assert metrics["correction/fresh/m2_masked_fraction"] == pytest.approx(2 / 3)
+
+
+WEIGHTED = """
+import sys
+sys.path.insert(0, "tests/helpers")
+import torch
+from tiny import make_model
+from megatron_rlep.actor.actor import Actor
+from megatron_rlep.actor.batch import SequenceBatch
+from megatron_rlep.config import AlgorithmConfig
+
+actor = Actor(str(make_model(sys.argv[1], "qwen2")), AlgorithmConfig(lr=0.0))
+tokens, prompts = [[1, 2, 3, 4, 5], [1, 2, 3, 6, 7, 8]], [3, 3]
+old = actor.logprobs(SequenceBatch(tokens, prompts))[0]
+for scale in (1.0, 2.0, 0.0):
+    out = actor.train_step(SequenceBatch(tokens, prompts, advantages=torch.tensor([1.0, -0.5]),
+                                         old_logp=old, weights=[torch.full_like(o, scale)
+                                                                for o in old]))
+    print("W", scale, out["loss"], out["grad_norm"])
+"""
+
+
+def test_the_importance_weights_reach_the_actors_loss_and_its_gradient(tmp_path):
+    """The decoupled loss inside the actor, not only by hand: one Megatron-Core update of a tiny
+    model (learning rate 0: the same weights each time) on one batch whose importance weights
+    are all 1, all 2 and all 0: the loss and the gradient's norm double, then vanish. On a
+    trainer that dropped the weights from ``Actor._policy_loss`` all three would be equal."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+    from launch import env
+    from speed import scaled
+
+    done = subprocess.run([sys.executable, "-c", WEIGHTED, str(tmp_path / "m")], env=env(),
+                          capture_output=True, text=True, timeout=scaled(300),
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = {float(w): (float(loss), float(norm)) for _, w, loss, norm in
+            (line.split() for line in done.stdout.splitlines() if line.startswith("W "))}
+    (loss, norm), (loss2, norm2), (loss0, norm0) = runs[1.0], runs[2.0], runs[0.0]
+    assert abs(loss) > 1e-4 and norm > 1e-6, runs
+    assert loss2 == pytest.approx(2 * loss, rel=1e-5) and norm2 == pytest.approx(2 * norm, rel=1e-4)
+    assert loss0 == 0.0 and norm0 == 0.0, runs
+
+
+def test_a_correction_under_nucleus_sampling_is_refused_in_one_sentence():
+    """The behaviour log-probs under rollout.top_p < 1 are the nucleus-renormalised
+    distribution's, which the actor's softmax never is: a correction that compares the two
+    (the default under staleness included) is refused, naming both ways out; without one, or
+    synchronously, nucleus sampling runs."""
+    from megatron_rlep.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=r"^config key algorithm.correction.is_level=token "
+                                          r"compares .* with rollout.top_p=0.9 the engine's are "
+                                          r"of the nucleus-renormalised distribution"):
+        compose(["algorithm.max_staleness=2", "rollout.top_p=0.9"])
+    with pytest.raises(ConfigError, match=r"^config key algorithm.correction.rs_level=sequence"):
+        compose(["rollout.top_p=0.95", "algorithm.correction.rs_level=sequence",
+                 "algorithm.correction.rs_threshold=2"])
+    assert compose(["algorithm.max_staleness=2", "rollout.top_p=0.9",
+                    "algorithm.correction.is_level=null"]).rollout.top_p == 0.9
+    assert compose(["rollout.top_p=0.9"]).algorithm.correction.is_level is None
