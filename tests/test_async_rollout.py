@@ -261,3 +261,28 @@ def rollout_rank_pid(torchrun_pid: int) -> int:
         if b"RANK=2" in environ and b"LOCAL_RANK=2" in environ and parent == torchrun_pid:
             return int(entry.name)
     raise AssertionError("no rollout rank found under torchrun")
+
+
+@pytest.mark.e2e
+def test_a_synchronous_and_an_asynchronous_run_draw_the_same_answers_at_step_0(model, tmp_path):
+    """What lets a staleness study pair its arms: a synchronous run and a colocated asynchronous
+    one (N = 1, two prompts over-provisioned) of one seed train the same prompts at step 0 with
+    the same answers, token for token, as both sample them with the base weights."""
+    runs = {}
+    for name, extra in (("sync", ()), ("async", ("algorithm.max_staleness=1",
+                                                  "rollout.extra_prompts=2"))):
+        argv = [*launcher(1), "-m", "megatron_rlep.train",
+                *tiny_args(model, tmp_path / name, 1, "logging.save_every=0", *extra)]
+        runs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=dict(env(argv), OMP_NUM_THREADS="1"))
+    for proc in runs.values():
+        out = proc.communicate(timeout=scaled(600))[0]
+        assert proc.returncode == 0, out[-3000:]
+
+    def answers(name):
+        groups = json.loads((tmp_path / name / "batches" / "step-000000.json").read_text())
+        return {g["id"]: [s["response_ids"] for s in g["samples"] if not s["replay"]]
+                for g in groups}
+    sync, stale = answers("sync"), answers("async")
+    assert len(sync) == 4 and sum(len(a) for a in sync.values()) == 12
+    assert stale == sync
