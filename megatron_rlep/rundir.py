@@ -6,21 +6,47 @@ kept best validation step; ``say_disk`` prints a checkpoint's size and the most 
 hold (``actor/checkpoint.py disk_plan``), ``room_problem`` and ``save_room_problem`` say when the
 file system has too little room for them (at start, and before each save);
 ``resume_candidates`` lists the checkpoints a resume may take, newest first; ``prune`` removes
-the checkpoints beyond the newest ones kept. The trainer calls them; nothing here trains or
+the checkpoints beyond the newest ones kept; ``note_code`` records the code each start ran. The trainer calls them; nothing here trains or
 touches a model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 from megatron_rlep.config import RunError
 from megatron_rlep.files import write_text_atomic
 
 STEP = re.compile(r"step-\d{6}")  # a saved step's directory name
+CODE = ("megatron_rlep", "conf", "tools")  # what a run executes, in the repository
+
+
+def code_identity(root: Path = Path(__file__).resolve().parent.parent) -> dict:
+    """The code a process runs: the repository's commit, a hash of the trees of what a run
+    executes (``CODE``: the same across commits that changed only docs or records), and whether
+    those have uncommitted changes; all None outside a git checkout (an installed package)."""
+    def git(*args):
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    trees = git("rev-parse", *(f"HEAD:{part}" for part in CODE)) if commit else None
+    status = git("status", "--porcelain", "--untracked-files=no", "--", *CODE) if commit else None
+    code = hashlib.sha256(trees.encode()).hexdigest()[:16] if trees else None
+    return {"commit": commit, "code": code, "dirty": bool(status) if status is not None else None}
+
+
+def note_code(run_dir: Path, step: int) -> None:
+    """One line in ``run_dir/code.jsonl`` for this start (``code_identity``, the step it starts
+    at, the time): a study can tell which code trained each stretch of a run."""
+    with open(run_dir / "code.jsonl", "a") as out:
+        out.write(json.dumps({**code_identity(), "step": step, "time": time.time()}) + "\n")
 
 
 def pinned(settings: dict) -> dict:

@@ -358,6 +358,7 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         if is_rank0():
             rundir.say_disk(self.run_dir, self.checkpoints.disk, cfg.logging.keep_checkpoints)
+            rundir.note_code(self.run_dir, self.step)
         monitor, producer = self.monitor, self.producer
         monitor.start(a.total_steps, self.step)
         settle_pages = host_memory.FreePageSettle()

@@ -23,11 +23,19 @@ seed, and how many seeds reach it; and the means over its steps and seeds of wha
 logs of staleness (``correction.lag_metrics``, ``class_metrics``): the lags in versions and in
 optimizer updates, the gap from the sampling to the proximal policy per lag, the replays' mean
 advantage and share of the gradient, the fresh answers' accuracy.
+
+Arms pool only where they are paired: for every seed, each arm's runs were trained by the same
+code (``code.jsonl``, which the trainer writes at each start: one code, committed) and each
+arm's RLEP replayed the same pool (its files' sha256); otherwise the study stops in one
+sentence naming the arm, seed and run. The record keeps, per arm and seed, that code, the pool's
+path and hash, each run's evaluation and validation points, and its share of tokens at each
+lag.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -94,15 +102,93 @@ def logged(run_dirs: list[Path]) -> dict:
     return out
 
 
-def study(arms: dict[str, Path], seeds: list[int] | None = None) -> dict:
+class Unpaired(ValueError):
+    """Arms that cannot be compared seed by seed: its message is the whole sentence."""
+
+
+def pool_of(run_dir: Path) -> dict | None:
+    """The pool a run replayed (its ``config.json``'s ``algorithm.pool``): its path and the
+    sha256 of its files by name; None for a run without one."""
+    config = run_dir / "config.json"
+    pool = json.loads(config.read_text())["algorithm"].get("pool") if config.exists() else None
+    if not pool:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(pool).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(pool).as_posix().encode() + b"\0" + path.read_bytes())
+    return {"path": pool, "sha256": digest.hexdigest()}
+
+
+def code_of(run_dir: Path) -> str | None:
+    """The one committed code that trained every start of a run (``code.jsonl``); None if the
+    run has no record, several codes, or uncommitted changes."""
+    path = run_dir / "code.jsonl"
+    starts = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    codes = {s["code"] for s in starts}
+    if not starts or len(codes) != 1 or None in codes or any(s["dirty"] for s in starts):
+        return None
+    return codes.pop()
+
+
+def seed_record(seed_dir: Path) -> dict:
+    """One seed of an arm: per run, its code, the pool it replayed, its final evaluation (mean
+    correct over the evaluation's answers), its validation points and its share of tokens at
+    each lag."""
+    out = {}
+    for run in RUNS:
+        run_dir = seed_dir / run
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if line.strip()]
+        steps = [r for r in rows if "stale/lag_versions_mean" in r]
+        lags = sorted({int(k.rsplit("_", 1)[1]) for r in steps for k in r
+                       if k.startswith("stale/tokens_versions_")})
+        answers = [json.loads(line)["correct"] for line in
+                   (seed_dir / f"eval-{run}" / "samples.jsonl").read_text().splitlines()]
+        out[run] = {"code": code_of(run_dir), "pool": pool_of(run_dir),
+                    "eval": statistics.fmean(answers),
+                    "validation": {r["step"]: r["val/acc"] for r in rows
+                                   if r.get("val/acc") is not None},
+                    "lag_shares": {k: statistics.fmean(r.get(f"stale/tokens_versions_{k}", 0.0)
+                                                       for r in steps) for k in lags}}
+    return out
+
+
+def check_paired(records: dict[str, dict[int, dict]], codes: bool = True) -> None:
+    """``Unpaired`` unless, seed by seed, every arm's runs were trained by one committed code
+    (with ``codes``) and every arm's RLEP replayed the same pool."""
+    reference = next(iter(records))
+    for n, seeds in records.items():
+        for seed, record in seeds.items():
+            ref = records[reference][seed]
+            for run in RUNS:
+                code, ref_code = record[run]["code"], ref[run]["code"]
+                if codes and (code is None or code != ref_code):
+                    what = ("has no single committed code in its code.jsonl (several, "
+                            "uncommitted changes, or none recorded)" if code is None else
+                            f"ran code {code}, the reference arm {reference}'s ran {ref_code}")
+                    raise Unpaired(f"arm {n}, seed {seed}, run {run} {what}: rerun it at the "
+                                   "reference's commit, or leave the arm out")
+            pool, ref_pool = record["rlep"]["pool"], ref["rlep"]["pool"]
+            if (pool or {}).get("sha256") != (ref_pool or {}).get("sha256"):
+                raise Unpaired(f"arm {n}, seed {seed}: its RLEP replayed "
+                               f"{pool and pool['path']} and the reference arm {reference}'s "
+                               f"{ref_pool and ref_pool['path']}, which differ: give every arm "
+                               "the reference's pool (the demo's pool= key)")
+
+
+def study(arms: dict[str, Path], seeds: list[int] | None = None, codes: bool = True) -> dict:
     reference = next(iter(arms))
     ref = arms[reference]
     peaks = {s: max(acc for acc, _ in validation_times(ref / f"seed-{s}" / "baseline").values())
              for s in seeds_of(ref) if seeds is None or s in seeds}
+    records = {n: {s: seed_record(root / f"seed-{s}") for s in seeds_of(root) if s in peaks}
+               for n, root in arms.items()}
+    check_paired(records, codes)  # every arm's seeds are the reference's (``peaks``)
     result = {"reference": reference, "arms": {}}
     for n, root in arms.items():
         done = [s for s in seeds_of(root) if s in peaks]
-        arm = {"root": str(root), "seeds": done, "minutes_to_peak": {}, "versus_reference": {},
+        arm = {"root": str(root), "seeds": done, "per_seed": records[n],
+               "minutes_to_peak": {}, "versus_reference": {},
                "logged": {run: logged([root / f"seed-{s}" / run for s in done]) for run in RUNS}}
         if done:
             arm["rlep_minus_baseline"] = pooled_pairs(
@@ -175,6 +261,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: every "
                    "seed the reference finished)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--without-code-records", action="store_true",
+                   help="pool runs that have no code.jsonl (trained before the trainer wrote "
+                        "one); their pools are still checked")
     args = p.parse_args(argv)
     arms = {}
     for spec in args.arms:
@@ -185,7 +274,11 @@ def main(argv=None) -> int:
             p.error(f"--arms {spec}: {root} holds no finished demo seed (seed-K/report.json); "
                     "run studies/demo_seeds.py --root there first")
         arms[n] = Path(root)
-    result = study(arms, args.seeds)
+    try:
+        result = study(arms, args.seeds, codes=not args.without_code_records)
+    except Unpaired as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -16,11 +16,22 @@ import staleness_study  # noqa: E402
 QUESTIONS = ["q1", "q2", "q3", "q4"]
 
 
-def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[int]) -> None:
+def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[int],
+              code: str = "c0de", pool: Path | None = None) -> None:
     """A demo run: ``points`` {step: (seconds since start, [correct per question])}, after
-    step 0's validation and step 1 of 10 s; its final evaluation's correct per question in ``eval-RUN``."""
+    step 0's validation and step 1 of 10 s; its final evaluation's correct per question in
+    ``eval-RUN``; the code that trained it (``code.jsonl``) and, for RLEP, the pool it replayed
+    (the seed's own, as the synchronous arm builds it, unless ``pool``)."""
     run_dir = seed_dir / run
     (run_dir / "validation").mkdir(parents=True)
+    (run_dir / "code.jsonl").write_text(json.dumps({"commit": "abc", "code": code,
+                                                    "dirty": False, "step": 0}) + "\n")
+    if run == "rlep":
+        pool = pool or seed_dir.parent.parent / "pools" / seed_dir.name
+        pool.mkdir(parents=True, exist_ok=True)
+        (pool / "manifest.json").write_text(json.dumps({"seed": seed_dir.name}))
+    (run_dir / "config.json").write_text(json.dumps({"algorithm": {"pool": str(pool)
+                                                                   if pool else None}}))
     # the demo's first row: the validation before step 1, with no step time
     rows = [{"step": 0, "time": start - 5.0, "val/acc": 0.0},
             {"step": 1, "time": start + 10.0, "time/step_s": 10.0, "stale/lag_versions_max": 0,
@@ -92,6 +103,49 @@ def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
     assert "| 1.5 | 2/2 |" in table and "|  | 0/2 |" in table
     assert "| n1 | -0.500 [" in table and "| n1 | rlep | 0.50, 2 |" in table
     assert "|  | 0.0200 |" in table  # no truncation logged; M2PO's masked share
+
+
+def test_the_record_proves_its_pairing_and_unpaired_arms_are_refused(tmp_path):
+    """Issue 78, item 1: per arm and seed the record holds the code, the pool's path and hash,
+    each run's evaluation and validation points and its lag shares; an arm whose RLEP replayed
+    another pool, or whose runs another (or uncommitted) code trained, is refused in one
+    sentence naming it (on f6a37d0 nothing was recorded and anything pooled)."""
+    roots = arms(tmp_path)
+    record = staleness_study.study(roots)["arms"]["n1"]["per_seed"][1]
+    sync = staleness_study.study(roots)["arms"]["sync"]["per_seed"][1]
+    assert record["rlep"]["pool"] == sync["rlep"]["pool"] and \
+        record["rlep"]["pool"]["path"].endswith("pools/seed-1")
+    assert record["baseline"]["pool"] is None and record["baseline"]["code"] == "c0de"
+    assert record["baseline"]["eval"] == 0.5 and record["rlep"]["eval"] == 0.0
+    assert record["baseline"]["validation"] == {0: 0.0, 2: 0.25, 4: 0.5}
+    assert record["rlep"]["lag_shares"] == pytest.approx({0: 1 / 3, 1: 1 / 3, 2: 1 / 3})
+    # a pool of its own for seed 2's RLEP in arm n1
+    own = tmp_path / "own"
+    (roots["n1"] / "seed-2" / "rlep" / "config.json").write_text(json.dumps(
+        {"algorithm": {"pool": str(own)}}))
+    own.mkdir()
+    (own / "manifest.json").write_text("{}")
+    with pytest.raises(staleness_study.Unpaired, match=rf"^arm n1, seed 2: its RLEP replayed "
+                                                       rf"{own} and the reference arm sync's "):
+        staleness_study.study(roots)
+    (roots["n1"] / "seed-2" / "rlep" / "config.json").write_text(json.dumps(
+        {"algorithm": {"pool": str(tmp_path / "pools" / "seed-2")}}))
+    # another code, then uncommitted changes, for one run
+    line = {"commit": "abd", "code": "c0df", "dirty": False, "step": 3}
+    with open(roots["n1"] / "seed-1" / "baseline" / "code.jsonl", "a") as out:
+        out.write(json.dumps(line) + "\n")  # a resume at another commit's code
+    with pytest.raises(staleness_study.Unpaired, match=r"^arm n1, seed 1, run baseline has no "
+                                                       r"single committed code"):
+        staleness_study.study(roots)
+    (roots["n1"] / "seed-1" / "baseline" / "code.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(staleness_study.Unpaired, match=r"ran code c0df, the reference arm "
+                                                       r"sync's ran c0de: rerun it"):
+        staleness_study.study(roots)
+    assert staleness_study.study(roots, codes=False)["arms"]["n1"]["seeds"] == [1, 2]
+    done = subprocess.run([sys.executable, str(REPO / "studies" / "staleness_study.py"),
+                           "--arms", f"sync={roots['sync']}", f"n1={roots['n1']}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: arm n1, seed 1, run baseline")
 
 
 def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):

@@ -261,6 +261,12 @@ def test_sigterm_checkpoints_at_the_step_end_and_the_same_command_resumes(assets
     assert f"at step {stopped}" in result.stdout
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == list(range(1, stopped + 3))
+    # each start recorded the code it ran (a study checks its arms ran the same)
+    from megatron_rlep.rundir import code_identity
+
+    starts = [json.loads(x) for x in (run_dir / "code.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in starts] == [0, stopped]
+    assert {s["code"] for s in starts} == {code_identity()["code"]} != {None}
     # the same as a run never stopped: prompts, replays, sampled answers and the last loss
     straight = tmp_path / "straight"
     result = subprocess.run(cmd(stopped + 2, straight), capture_output=True, text=True, env=env(),
