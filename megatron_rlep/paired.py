@@ -15,6 +15,9 @@ percentile of the resampled values.
 
 * ``nested``: a statistic pooled over several seeds, each with its own questions, with a
   two-level bootstrap: resample the seeds, then each drawn seed's questions.
+* ``joint``: the same for seeds that share their questions (every seed of a study validates on
+  the same held-out set): one resample of the questions serves every seed drawn.
+  ``difference_of`` turns two per-seed differences into a difference-in-differences.
 
 Input: ``{question id: accuracy}`` per run (the mean over that question's answers). Pure
 functions; ``validation_records`` alone reads a run's files.
@@ -169,3 +172,37 @@ def nested(units: list[tuple[list[str], Callable[[list[str]], float]]], reps: in
                          for questions, stat in picked) / len(picked))
     low, high = interval(draws)
     return {"mean": value, "low": low, "high": high, "seeds": len(units)}
+
+
+def difference_of(a: tuple[list[str], Callable[[list[str]], float]],
+                  b: tuple[list[str], Callable[[list[str]], float]]
+                  ) -> tuple[list[str], Callable[[list[str]], float]]:
+    """(the questions, B's statistic minus A's on a sample of them) for two statistics of the
+    same questions (``point_difference``, ``curve_area_difference``): with each a difference
+    of two runs, a difference-in-differences."""
+    if a[0] != b[0]:
+        raise ValueError(f"a difference of two statistics needs the same questions "
+                         f"({len(a[0])} and {len(b[0])})")
+    return a[0], lambda sample: b[1](sample) - a[1](sample)
+
+
+def joint(units: list[tuple[list[str], Callable[[list[str]], float]]], reps: int = 2000,
+          seed: int = 0) -> dict:
+    """The mean over seeds of a per-seed statistic whose seeds share their questions, with a
+    95% interval from a bootstrap that draws the seeds with replacement and one resample of
+    the shared questions for all of them (``nested`` resamples each seed's questions on their
+    own, which treats one held-out set as several and narrows the interval); and each seed's
+    value."""
+    questions = units[0][0]
+    if any(q != questions for q, _ in units):
+        raise ValueError("a joint bootstrap needs every seed on the same questions; use nested")
+    per_seed = [stat(questions) for _, stat in units]
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(reps):
+        picked = rng.choices(units, k=len(units))
+        sample = rng.choices(questions, k=len(questions))
+        draws.append(sum(stat(sample) for _, stat in picked) / len(picked))
+    low, high = interval(draws)
+    return {"mean": sum(per_seed) / len(per_seed), "low": low, "high": high,
+            "seeds": len(units), "per_seed": per_seed}

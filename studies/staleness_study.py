@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from demo_seeds import pooled_pairs  # noqa: E402
+from demo_seeds import pooled, pooled_pairs  # noqa: E402
 
 RUNS = ("baseline", "rlep")
 
@@ -176,6 +176,36 @@ def check_paired(records: dict[str, dict[int, dict]], codes: bool = True) -> Non
                                "the reference's pool (the demo's pool= key)")
 
 
+def did(ref: Path, root: Path, seeds: list[int]) -> dict:
+    """The estimand: RLEP's gain over its baseline in the arm at ``root`` minus its gain in the
+    reference arm at ``ref`` (the difference-in-differences), in the final evaluation and in
+    the area under the validation curve; per seed, and over the seeds with the t-interval
+    (``t_low``, ``t_high``) beside a bootstrap that resamples the seeds and the questions they
+    share jointly (``paired.joint``)."""
+    from megatron_rlep import paired
+
+    def evaluation(seed_dir: Path, run: str) -> dict:
+        return paired.question_accuracy(json.loads(line) for line in (
+            seed_dir / f"eval-{run}" / "samples.jsonl").read_text().splitlines())
+
+    def gain(seed_dir: Path) -> tuple:
+        curves = [paired.validation_records(seed_dir / run) for run in RUNS]
+        return (paired.point_difference(*(evaluation(seed_dir, run) for run in RUNS)),
+                paired.curve_area_difference(*curves))
+
+    units = {"eval": [], "area": []}
+    for seed in seeds:
+        (ref_eval, ref_area), (arm_eval, arm_area) = (gain(r / f"seed-{seed}") for r in (ref, root))
+        units["eval"].append(paired.difference_of(ref_eval, arm_eval))
+        units["area"].append(paired.difference_of(ref_area, arm_area))
+    out = {}
+    for key, per_seed in units.items():
+        boot = paired.joint(per_seed)
+        t = pooled(boot["per_seed"])
+        out[key] = {**boot, "t_low": t["low"], "t_high": t["high"]}
+    return out
+
+
 def study(arms: dict[str, Path], seeds: list[int] | None = None, codes: bool = True) -> dict:
     reference = next(iter(arms))
     ref = arms[reference]
@@ -199,6 +229,8 @@ def study(arms: dict[str, Path], seeds: list[int] | None = None, codes: bool = T
             arm["minutes_to_peak"][run] = {
                 "per_seed": times, "reached": len(reached),
                 "mean": statistics.fmean(reached) if reached else None}
+            if n != reference and done and run == RUNS[0]:
+                arm["did"] = did(ref, root, done)
             if n != reference and done:
                 arm["versus_reference"][run] = pooled_pairs(
                     [(ref / f"seed-{s}" / run, root / f"seed-{s}" / run) for s in done])
@@ -214,7 +246,18 @@ def markdown(result: dict) -> str:
     def number(x, form="{:.3f}"):
         return "" if x is None else form.format(x)
 
+    def both(x):
+        t = "" if x["t_low"] is None else f"[{x['t_low']:+.3f}, {x['t_high']:+.3f}]"
+        return f"{x['mean']:+.3f} | {t} | [{x['low']:+.3f}, {x['high']:+.3f}]"
+
     ref = result["reference"]
+    dids = [f"Difference-in-differences: RLEP minus baseline in the arm, minus the same in {ref} "
+            "(the t-interval over seeds is the one to read: seeds are what the arms replicate; "
+            "the bootstrap resamples seeds and their shared questions jointly)", "",
+            "| arm | seeds | eval | t-interval | bootstrap | area | t-interval | bootstrap |",
+            "|---|---|---|---|---|---|---|---|"]
+    dids += [f"| {n} | {len(arm['seeds'])} | {both(arm['did']['eval'])} | "
+             f"{both(arm['did']['area'])} |" for n, arm in result["arms"].items() if "did" in arm]
     lines = [f"| arm | run | seeds | eval minus {ref} (95%) | area minus {ref} (95%) "
              f"| minutes to {ref} baseline's peak (mean of those that reach it) | reached |",
              "|---|---|---|---|---|---|---|"]
@@ -250,7 +293,7 @@ def markdown(result: dict) -> str:
                          f"{cell(versus['eval']) if versus else ''} | "
                          f"{cell(versus['area']) if versus else ''} | {minutes} | "
                          f"{t['reached']}/{len(arm['seeds'])} |")
-    return "\n\n".join("\n".join(t) for t in (lines, gains, lags))
+    return "\n\n".join("\n".join(t) for t in (dids, lines, gains, lags))
 
 
 def main(argv=None) -> int:

@@ -84,3 +84,21 @@ def test_area_difference_on_a_sample_of_questions():
     assert stat(["q1", "q2"]) == pytest.approx(0.25) and stat(["q1", "q1"]) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="no validation step in common"):
         paired.curve_area_difference(a, {5: {"q1": 1.0}})
+
+
+def test_a_difference_in_differences_over_seeds_that_share_their_questions():
+    """``difference_of`` of two runs' differences, and ``joint``: the mean over seeds and each
+    seed's value; every resample uses one draw of the shared questions, so with a statistic
+    that is 1 on q1 and 0 on q2 in every seed the interval is the one-seed bootstrap's [0, 1];
+    seeds on other questions are refused."""
+    a = {"q1": 0.0, "q2": 0.5}
+    b = {"q1": 1.0, "q2": 0.5}  # B - A: 1 on q1, 0 on q2
+    unit = paired.difference_of(paired.point_difference(a, a), paired.point_difference(a, b))
+    assert unit[0] == ["q1", "q2"] and unit[1](["q1", "q1"]) == 1.0
+    result = paired.joint([unit, unit, unit])
+    assert result["per_seed"] == [0.5, 0.5, 0.5] and result["mean"] == 0.5
+    assert (result["low"], result["high"]) == (0.0, 1.0) and result["seeds"] == 3
+    # resampling each seed's questions on its own treats one set as three: narrower
+    assert paired.nested([unit, unit, unit])["low"] > 0.1
+    with pytest.raises(ValueError, match="same questions"):
+        paired.joint([unit, paired.point_difference({"q3": 0.0}, {"q3": 1.0})])

@@ -162,3 +162,30 @@ def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):
                            str(out)],
                           capture_output=True, text=True, check=True)
     assert json.loads(out.read_text())["arms"]["n1"]["minutes_to_peak"]["baseline"]["mean"] == 1.5
+
+
+def test_the_estimand_is_the_difference_in_differences_with_both_intervals(tmp_path):
+    """Issue 78, item 2, by hand. Synchronously RLEP gains 0.5 - 0.25 in evaluation and
+    0.625 - 0.375 in area; in n1 0 - 0.5 and 0.125 - 0.375 (seed 1), so the
+    difference-in-differences is -0.75 and -0.5. With seed 2's stale RLEP evaluated at 0.25
+    its evaluation's is -0.5: per seed [-0.75, -0.5], the t-interval over two seeds
+    -0.625 +- 12.706 * 0.125; the bootstrap draws one resample of the four shared
+    questions for every seed drawn, so it stays within the per-question extremes."""
+    roots = arms(tmp_path)
+    (roots["n1"] / "seed-2" / "eval-rlep" / "samples.jsonl").write_text("".join(
+        json.dumps({"id": q, "correct": c}) + "\n" for q, c in zip(QUESTIONS, [1, 0, 0, 0])))
+    did = staleness_study.study(roots)["arms"]["n1"]["did"]
+    assert did["eval"]["per_seed"] == pytest.approx([-0.75, -0.5])
+    assert did["eval"]["mean"] == pytest.approx(-0.625)
+    half = 12.706 * 0.125  # t(1) x the seeds' standard deviation 0.25 / sqrt(2), / sqrt(2)
+    assert (did["eval"]["t_low"], did["eval"]["t_high"]) == pytest.approx((-0.625 - half,
+                                                                           -0.625 + half))
+    assert -2.0 <= did["eval"]["low"] <= -0.625 <= did["eval"]["high"] <= 0.0
+    assert did["area"]["per_seed"] == pytest.approx([-0.5, -0.5])
+    assert did["area"]["t_low"] == pytest.approx(-0.5) == did["area"]["t_high"]
+    result = staleness_study.study(roots)
+    assert "did" not in result["arms"]["sync"]  # the reference against itself: nothing
+    table = staleness_study.markdown(result)
+    assert table.startswith("Difference-in-differences: RLEP minus baseline in the arm, minus "
+                            "the same in sync")
+    assert "| n1 | 2 | -0.625 | [" in table and "| -0.500 | [-0.500, -0.500] |" in table
