@@ -6,8 +6,8 @@ kept best validation step; ``say_disk`` prints a checkpoint's size and the most 
 hold (``actor/checkpoint.py disk_plan``), ``room_problem`` and ``save_room_problem`` say when the
 file system has too little room for them (at start, and before each save);
 ``resume_candidates`` lists the checkpoints a resume may take, newest first; ``prune`` removes
-the checkpoints beyond the newest ones kept; ``note_code`` records the code each start ran. The trainer calls them; nothing here trains or
-touches a model.
+the checkpoints beyond the newest ones kept; ``note_code`` records the code each start ran. The
+trainer calls them; nothing here trains or touches a model.
 """
 
 from __future__ import annotations
@@ -30,9 +30,13 @@ CODE = ("megatron_rlep", "conf", "tools")  # what a run executes, in the reposit
 def code_identity(root: Path = Path(__file__).resolve().parent.parent) -> dict:
     """The code a process runs: the repository's commit, a hash of the trees of what a run
     executes (``CODE``: the same across commits that changed only docs or records), and whether
-    those have uncommitted changes; all None outside a git checkout (an installed package)."""
+    those have uncommitted changes; all None outside a git checkout (an installed package) or
+    without git."""
     def git(*args):
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        except OSError:  # no git on this node
+            return None
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")

@@ -124,7 +124,7 @@ class RemoteStream(RolloutStream):
                     self._count(engine[0], message)
             if not landed:
                 if time.monotonic() > deadline:
-                    busy = [self._busy(e[0]) for e in self.engine_ranks if self._busy(e[0])]
+                    busy = [said for e in self.engine_ranks if (said := self._busy(e[0]))]
                     raise RolloutRankError(busy[0] if busy else (
                         f"the rollout ranks sent nothing for {limit:g} s ({key}): one hung or "
                         "died; its log says which"))
@@ -165,8 +165,8 @@ class RemoteStream(RolloutStream):
             rank, why = dead[0], Broken(dead[1])
         if isinstance(why, Failed):
             return f"{self.bridge.name(rank)} failed: {why.why}"
-        if isinstance(why, TimeoutError) and rank and self._busy(rank):
-            return self._busy(rank)
+        if isinstance(why, TimeoutError) and rank and (busy := self._busy(rank)):
+            return busy
         return gone(self.bridge.name(rank) if rank else "a rollout rank",
                     why.why if isinstance(why, Broken) else why)
 
