@@ -142,21 +142,24 @@ def bootstrap_pooled(root: Path, seeds: list[int], a: str, b: str) -> dict:
     return pooled_pairs([(root / f"seed-{s}" / a, root / f"seed-{s}" / b) for s in seeds])
 
 
-def pooled_pairs(pairs: list[tuple[Path, Path]]) -> dict:
-    """B minus A for (A, B) run directories of the demo, one pair a seed, pooled as above; a
-    run's final evaluation lies beside it in ``eval-RUN``."""
+def final_evaluation(run_dir: Path) -> dict[str, float]:
+    """{question: accuracy} of a demo run's final evaluation, which lies beside it in
+    ``eval-RUN``."""
     from megatron_rlep import paired
 
-    def evaluation(run_dir):
-        return paired.question_accuracy(json.loads(line) for line in
-                                        (run_dir / "samples.jsonl").read_text().splitlines())
+    return paired.question_accuracy(json.loads(line) for line in (
+        run_dir.parent / f"eval-{run_dir.name}" / "samples.jsonl").read_text().splitlines())
+
+
+def pooled_pairs(pairs: list[tuple[Path, Path]]) -> dict:
+    """B minus A for (A, B) run directories of the demo, one pair a seed, pooled as above."""
+    from megatron_rlep import paired
 
     units = {"eval": [], "area": [], "last": []}
     for a, b in pairs:
         va, vb = paired.validation_records(a), paired.validation_records(b)
         last = max(va.keys() & vb.keys())
-        units["eval"].append(paired.point_difference(
-            evaluation(a.parent / f"eval-{a.name}"), evaluation(b.parent / f"eval-{b.name}")))
+        units["eval"].append(paired.point_difference(final_evaluation(a), final_evaluation(b)))
         units["area"].append(paired.curve_area_difference(va, vb))
         units["last"].append(paired.point_difference(va[last], vb[last]))
     return {k: paired.nested(v) for k, v in units.items()}

@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from demo_seeds import pooled, pooled_pairs  # noqa: E402
+from demo_seeds import final_evaluation, pooled, pooled_pairs  # noqa: E402
 
 RUNS = ("baseline", "rlep")
 
@@ -184,14 +184,10 @@ def did(ref: Path, root: Path, seeds: list[int]) -> dict:
     share jointly (``paired.joint``)."""
     from megatron_rlep import paired
 
-    def evaluation(seed_dir: Path, run: str) -> dict:
-        return paired.question_accuracy(json.loads(line) for line in (
-            seed_dir / f"eval-{run}" / "samples.jsonl").read_text().splitlines())
-
     def gain(seed_dir: Path) -> tuple:
-        curves = [paired.validation_records(seed_dir / run) for run in RUNS]
-        return (paired.point_difference(*(evaluation(seed_dir, run) for run in RUNS)),
-                paired.curve_area_difference(*curves))
+        runs = [seed_dir / run for run in RUNS]
+        return (paired.point_difference(*map(final_evaluation, runs)),
+                paired.curve_area_difference(*map(paired.validation_records, runs)))
 
     units = {"eval": [], "area": []}
     for seed in seeds:
@@ -220,6 +216,8 @@ def study(arms: dict[str, Path], seeds: list[int] | None = None, codes: bool = T
         arm = {"root": str(root), "seeds": done, "per_seed": records[n],
                "minutes_to_peak": {}, "versus_reference": {},
                "logged": {run: logged([root / f"seed-{s}" / run for s in done]) for run in RUNS}}
+        if n != reference and done:
+            arm["did"] = did(ref, root, done)
         if done:
             arm["rlep_minus_baseline"] = pooled_pairs(
                 [(root / f"seed-{s}" / "baseline", root / f"seed-{s}" / "rlep") for s in done])
@@ -229,8 +227,6 @@ def study(arms: dict[str, Path], seeds: list[int] | None = None, codes: bool = T
             arm["minutes_to_peak"][run] = {
                 "per_seed": times, "reached": len(reached),
                 "mean": statistics.fmean(reached) if reached else None}
-            if n != reference and done and run == RUNS[0]:
-                arm["did"] = did(ref, root, done)
             if n != reference and done:
                 arm["versus_reference"][run] = pooled_pairs(
                     [(ref / f"seed-{s}" / run, root / f"seed-{s}" / run) for s in done])
