@@ -8,6 +8,7 @@ setup(
     classifiers=["License :: OSI Approved :: Apache Software License"],
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["megatron_rlep", "megatron_rlep.*"]),
+    package_data={"megatron_rlep.rollout": ["*.jinja"]},  # the chat templates (hermes.jinja)
     install_requires=[
         "torch==2.13.0",  # install the CPU build first: pip install torch==2.13.0
         # the newest line for each Python, both tested (docs/install.md): 0.16.x is the last

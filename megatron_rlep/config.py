@@ -249,7 +249,7 @@ class RolloutConfig:
     # disaggregated: the longest one weight sync may take once every rollout rank is ready for
     # it (the bucket broadcasts; NCCL's own timeout is set a minute beyond it)
     sync_timeout_s: float = at_least(1.0, default=300.0)
-    # tools in the loop (rollout/tools.py; docs/usage.md, "Tools"): their names (python, or a
+    # tools in the loop (rollout/tools.py; docs/tools.md): their names (python, or a
     # function of your own as module:function), the most calls an answer makes, each call's
     # wall-clock limit, the characters of its output the model reads, the calls run at once
     tools: list[str] = field(default_factory=list)
@@ -257,8 +257,17 @@ class RolloutConfig:
     tool_timeout_s: float = at_least(0.1, default=5.0)
     tool_output_chars: int = at_least(16, default=512)
     tool_workers: int = at_least(1, default=8)
+    # how the model calls them: fence (a ```python block, its output in an ```output block) |
+    # chat (the chat template's <tool_call> and tool messages; rollout/chat_tools.py), with the
+    # template the prompts are rendered with in that format: null (the tokenizer's) | hermes
+    # (the project's, the format of Qwen2.5 and Qwen3) | the path of a Jinja file
+    tool_format: str = one_of("fence", "chat", default="fence")
+    chat_template: Optional[str] = None
 
     def check(self) -> None:
+        if self.chat_template is not None and self.tool_format != "chat":
+            raise ConfigError(f"config key rollout.chat_template={self.chat_template!r} is for "
+                              "tools in the chat format; set rollout.tool_format=chat or drop it.")
         if self.tools and self.engine != "transformers" and self.tensor_parallel > 1:
             raise ConfigError(f"config key rollout.tools runs each tool call once per engine, "
                               f"but rollout.tensor_parallel={self.tensor_parallel} would run it "

@@ -63,6 +63,7 @@ class ExperiencePool:
         self.rejected = rejected  # candidates the verifier rejected at load (kept or dropped)
         self.pass_rates = pass_rates or {}
         self.rows = rows or {}  # key -> the question's row (prompt, ground truth), for ``write``
+        self.calls = None  # a live pool's: the format of its answers' tool calls, for ``write``
 
     @classmethod
     def load_live(cls, path: str | Path) -> "ExperiencePool":
@@ -96,13 +97,24 @@ class ExperiencePool:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def sampling(self) -> set[tuple[float, float]]:
-        """The (temperature, top-p) pairs under which the answers with recorded log-probs were
-        sampled: a built pool's manifest says it for all (tools/build_pool.py's at its top, a
-        pool written from rows in its origin), a live pool's answers each."""
+    def said(self, key: str):
+        """What the manifest says of ``key``: tools/build_pool.py's at its top, a pool written
+        from rows (``write_pool``) in its origin; None where it says nothing."""
         manifest = Path(self.source) / MANIFEST
         meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
-        built = meta.get("sampling") or meta.get("origin", {}).get("sampling") or {}
+        return meta.get(key) or meta.get("origin", {}).get(key)
+
+    def tool_format(self) -> str | None:
+        """The format of its tool-using answers' calls (``rollout.tool_format``), None when it
+        holds none; fenced blocks where the manifest does not say (the only format before)."""
+        if not any(a.mask for answers in self.entries.values() for a in answers):
+            return None
+        return self.said("tool_format") or "fence"
+
+    def sampling(self) -> set[tuple[float, float]]:
+        """The (temperature, top-p) pairs under which the answers with recorded log-probs were
+        sampled: a built pool's manifest says it for all, a live pool's answers each."""
+        built = self.said("sampling") or {}
         out = set()
         for answers in self.entries.values():
             for a in answers:
@@ -171,7 +183,7 @@ class ExperiencePool:
                          "candidate_provenance": [a.provenance for a in answers],
                          "candidate_masks": [list(a.mask) for a in answers]
                          if any(a.mask for a in answers) else None})
-        return write_pool(rows, out, origin)
+        return write_pool(rows, out, {**origin, "tool_format": self.calls} if self.calls else origin)
 
 
 def answers_of(row: dict) -> list[Answer]:

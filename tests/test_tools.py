@@ -15,13 +15,14 @@ from megatron_rlep.config import CorrectionConfig
 from megatron_rlep.errors import RunError
 from megatron_rlep.groups import Sample, replay_sample
 from megatron_rlep.rollout.base import Completion, request_seed
-from megatron_rlep.rollout.tools import (STOP, Result, Toolbox, call_of, observation,
+from megatron_rlep.rollout.tools import (STOP, Fence, Result, Toolbox, call_of, observation,
                                          run_turns)
 
 # a character-level tokenizer: token t is the character chr(t)
 encode = lambda text: [ord(c) for c in text]  # noqa: E731
 decode = lambda ids: "".join(chr(t) for t in ids)  # noqa: E731
 EOS = 0
+FENCE = Fence(encode, decode)
 
 
 def scripted(turns_by_prompt: dict):
@@ -70,7 +71,7 @@ def test_a_closing_fence_with_trailing_spaces_ends_no_block_as_it_stops_no_gener
     spaced = "```python\nprint(1)\n```  \n"
     assert STOP not in spaced and call_of(spaced) is None
     assert call_of(spaced + "So:\n```python\nprint(2)\n```\n") == ("python", "print(2)")
-    turns = Turns(toolbox({}), encode, decode, max_turns=2)
+    turns = Turns(toolbox({}), FENCE, max_turns=2)
     assert turns.end_of_block(Answer(encode(spaced))) is None
     text = spaced + "```python\nprint(2)\n```\n"
     assert turns.end_of_block(Answer(encode(text))) == len(text)
@@ -87,7 +88,7 @@ def test_three_turns_train_exactly_the_tokens_sampled_and_mask_only_the_model_to
     turns = ["```python\nprint(2)\n```\n", "```python\nprint(3)\n```\n", "Answer: 5<eos>"]
     generate, asked = scripted({prompt: turns})
     box = toolbox({"print(2)": Result("2\n"), "print(3)": Result("", "error")})
-    (c,) = run_turns(generate, encode, decode, box, [prompt], [7], 200, max_turns=4)
+    (c,) = run_turns(generate, FENCE, box, [prompt], [7], 200, max_turns=4)
     obs = [observation(Result("2\n"), 40), observation(Result("", "error"), 40)]
     expected = encode(turns[0]) + encode(obs[0]) + encode(turns[1]) + encode(obs[1]) + \
         encode("Answer: 5") + [EOS]
@@ -107,7 +108,7 @@ def test_three_turns_train_exactly_the_tokens_sampled_and_mask_only_the_model_to
 def test_an_answer_that_never_calls_a_tool_is_all_the_models():
     prompt = tuple(encode("Q:"))
     generate, asked = scripted({prompt: ["Answer: 5<eos>"]})
-    (c,) = run_turns(generate, encode, decode, toolbox({}), [prompt], [7], 200, max_turns=4)
+    (c,) = run_turns(generate, FENCE, toolbox({}), [prompt], [7], 200, max_turns=4)
     assert list(c.mask) == [True] * 10 and c.calls == () and c.finished
     assert [a[1] for a in asked] == [7]  # the seed it has without tools
 
@@ -118,12 +119,12 @@ def test_the_length_limit_cuts_a_turn_or_an_observation_and_ends_the_answer():
     box = toolbox({"print(2)": Result("2" * 30)})
     # the observation does not fit: cut at the limit, the answer ends unfinished
     generate, _ = scripted({prompt: [call, "never asked"]})
-    (c,) = run_turns(generate, encode, decode, box, [prompt], [1], len(call) + 5, max_turns=4)
+    (c,) = run_turns(generate, FENCE, box, [prompt], [1], len(call) + 5, max_turns=4)
     assert len(c.token_ids) == len(call) + 5 and not c.finished
     assert list(c.mask) == [True] * len(call) + [False] * 5
     # a turn cut at the limit: its tokens up to it, all the model's, no call made
     generate, _ = scripted({prompt: [call]})
-    (c,) = run_turns(generate, encode, decode, box, [prompt], [1], 10, max_turns=4)
+    (c,) = run_turns(generate, FENCE, box, [prompt], [1], 10, max_turns=4)
     assert list(c.token_ids) == encode(call)[:10] and list(c.mask) == [True] * 10
     assert c.calls == () and c.text == call[:10]
 
@@ -132,7 +133,7 @@ def test_calls_past_max_turns_end_the_answer_and_untagged_blocks_go_on():
     prompt = tuple(encode("Q:"))
     call = "```python\nprint(2)\n```\n"
     generate, _ = scripted({prompt: ["Plan:\n```\n", call, call, "never asked"]})
-    (c,) = run_turns(generate, encode, decode, toolbox({"print(2)": Result("2\n")}), [prompt],
+    (c,) = run_turns(generate, FENCE, toolbox({"print(2)": Result("2\n")}), [prompt],
                      [1], 500, max_turns=1)
     assert c.calls == ("ok",) and not c.finished
     assert sum(not m for m in c.mask) == len(observation(Result("2\n"), 40))
@@ -251,7 +252,7 @@ def test_in_the_rollout_stream_a_call_whose_end_falls_across_two_segments_runs_o
     end of the code block straddles two segments (the engine sees only new text, so it does not
     stop): the answer is cut right after it, the call runs, and the answer goes on after the
     output under whatever version is current, each token tagged with its version."""
-    from megatron_rlep.rollout.stream import Flight, RolloutStream
+    from grown import grown
     from megatron_rlep.rollout.tools import Turns
 
     prompt = tuple(encode("Q:"))
@@ -272,14 +273,7 @@ def test_in_the_rollout_stream_a_call_whose_end_falls_across_two_segments_runs_o
         return out
 
     box = toolbox({"print(2)": Result("2\n")})
-    stream = RolloutStream(engine, segment=4, max_tokens=100, max_staleness=100,
-                           turns=Turns(box, encode, decode, max_turns=2))
-    stream.dispatch([Flight(0, prompt, 1)], version=0)
-    version = 0
-    while not stream.flights[0].done:
-        stream.advance(version, seed=1)
-        version += 1
-    (a,) = stream.flights[0].answers
+    a, _ = grown(engine, prompt, Turns(box, FENCE, max_turns=2), 100)
     obs = observation(Result("2\n"), 40)
     assert decode(a.token_ids) == call + obs + "Answer: 2\x00" and a.finished
     assert a.mask == [True] * len(call) + [False] * len(obs) + [True] * 10
@@ -334,7 +328,7 @@ def cuts(stream: list, decode, rng) -> int:
     from megatron_rlep.rollout.stream import Answer
     from megatron_rlep.rollout.tools import Turns
 
-    turns, answer, found = Turns(toolbox({}), encode, decode, max_turns=2), Answer(), 0
+    turns, answer, found = Turns(toolbox({}), Fence(encode, decode), max_turns=2), Answer(), 0
     while len(answer.token_ids) < len(stream):
         answer.token_ids = stream[:len(answer.token_ids) + rng.randint(1, 64)]
         cut = turns.end_of_block(answer)
@@ -364,14 +358,14 @@ def test_a_long_turns_block_end_costs_time_in_proportion_to_its_new_tokens(token
     """A 4,000-token code block grown by segments of 64 tokens: each segment's look decodes
     its own tokens and a few before (every prefix's decoding: 8 million tokens, 2-3 s)."""
     from megatron_rlep.rollout.stream import Answer
-    from megatron_rlep.rollout.tools import Turns, block_end, text_codec
+    from megatron_rlep.rollout.tools import Fence, Turns, block_end, text_codec
 
     lines = "".join(f"x_{i} = {i} * {i + 1}  # step {i}\n" for i in range(200))
     ids = tokenizer(f"```python\n{lines}```\n", add_special_tokens=False)["input_ids"][:4000]
     ids += tokenizer("\n```\n", add_special_tokens=False)["input_ids"]
     _, decode = text_codec(tokenizer)
     decoded = []
-    turns = Turns(toolbox({}), encode, lambda t: decoded.append(len(t)) or decode(t), 2)
+    turns = Turns(toolbox({}), Fence(encode, lambda t: decoded.append(len(t)) or decode(t)), 2)
     answer, cut, start = Answer(), None, time.perf_counter()
     while cut is None:
         answer.token_ids = ids[:len(answer.token_ids) + 64]

@@ -1,11 +1,12 @@
 """A run with a Python tool in the loop, for real: the built-in model on the built-in calculator
 task builds a pool of tool-using answers (tools/build_pool.py), an asynchronous RLEP run
 (partial rollouts, one version of staleness) replays them with their masks, is killed with
-SIGKILL in its second step, and the same command resumes it; then a step with the engine on a
-rollout rank of its own."""
+SIGKILL in its second step, and the same command resumes it; then the same with the calls in the
+chat template's format and the engine on a rollout rank of its own."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from speed import scaled
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
-from launch import env, launcher  # noqa: E402
+from launch import env, kill_job, launcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ["rollout.tools=[python]", "rollout.max_turns=2", "rollout.max_response_length=64",
@@ -80,16 +81,41 @@ def test_a_tool_run_replays_its_pools_trajectories_and_resumes_after_kill_9(tmp_
                     assert all(lp == 0.0 for lp, m in zip(s["logprobs"], s["mask"]) if not m)
                     assert all(step - 1 <= v <= step for v in s["versions"])
 
-    # the same on a rollout rank of its own: its engine runs the calls, masks cross the bridge
+    # the chat template's format (rollout/chat_tools.py) on a rollout rank of its own: its engine
+    # runs the calls, masks cross the bridge; killed in its second step, resumed by the same
+    # command. Its tool messages are the template's, role markers included.
     apart = tmp_path / "apart"
-    argv = [*launcher(2), *[a for a in cmd[1:] if not a.startswith(("run_dir=", "algorithm.total"))],
-            "rollout.placement=disaggregated", "rollout.ranks=1", "algorithm.total_steps=1",
+    argv = [*launcher(2), *[a for a in cmd[1:] if not a.startswith(
+                ("run_dir=", "algorithm.pool=", "algorithm.replay_per_prompt="))],
+            "algorithm.replay_per_prompt=0", "rollout.tool_format=chat",
+            "rollout.chat_template=hermes", "rollout.placement=disaggregated", "rollout.ranks=1",
             f"run_dir={apart}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env(argv), start_new_session=True)
+    latest, deadline = apart / "checkpoints" / "latest", time.time() + scaled(400)
+    while proc.poll() is None and time.time() < deadline and not latest.exists():
+        time.sleep(0.05)
+    kill_job(proc.pid)  # at once: its second step takes under 3 s
+    out, _ = proc.communicate(timeout=60)
+    assert latest.read_text().strip() == "step-000001", out[-3000:]
     done = subprocess.run(argv, capture_output=True, text=True, env=env(argv),
                           timeout=scaled(400))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    (line,) = [json.loads(x) for x in (apart / "metrics.jsonl").read_text().splitlines()]
-    assert line["tools/calls_per_answer"] > 0 and line["tools/time_share"] is None
-    groups = json.loads((apart / "batches" / "step-000000.json").read_text())
-    fresh = [s for g in groups for s in g["samples"] if not s["replay"]]
-    assert any(not m for s in fresh for m in s["mask"])  # observations, masked, from the rank
+    assert "at step 1" in done.stdout
+    lines = [json.loads(x) for x in (apart / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2] and lines[0]["tools/time_share"] is None
+    from transformers import AutoTokenizer
+
+    from megatron_rlep.builtin_model import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
+    messages = []  # each run of masked tokens, decoded
+    for step in (0, 1):
+        for group in json.loads((apart / "batches" / f"step-{step:06d}.json").read_text()):
+            for s in group["samples"]:
+                marks = "".join("m" if kept else "o" for kept in s["mask"])
+                for run in re.finditer("o+", marks):
+                    messages.append(tokenizer.decode(s["response_ids"][run.start():run.end()]))
+    assert sum(x["tools/calls_per_answer"] for x in lines) > 0 and messages
+    head = "\n<|im_start|>user\n<tool_response>\n"  # or as much of it as the token limit left
+    assert all(m.startswith(head) or head.startswith(m) for m in messages)

@@ -31,7 +31,7 @@ from megatron_rlep.config import BuildPoolConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import file_sha256, write_json_atomic  # noqa: E402
 from megatron_rlep.pool import MANIFEST, SCHEMA_VERSION, pool_row, write_parquet_atomic  # noqa: E402
-from megatron_rlep.rollout import encode_prompt, engine_kind, make_engine  # noqa: E402
+from megatron_rlep.rollout import engine_kind, engine_prompt, make_engine  # noqa: E402
 from megatron_rlep.reward.scorer import Item, Scorer  # noqa: E402
 
 
@@ -97,13 +97,13 @@ def settings(cfg: BuildPoolConfig, model_path: str, examples: list[Example]) -> 
                          "seed": cfg.seed},
             "verifier": cfg.verifier.mode, "function": cfg.verifier.function, "min_correct": cfg.min_correct, "dedupe": cfg.dedupe,
             "finished_only": cfg.finished_only, "tools": list(cfg.rollout.tools),
+            "tool_format": cfg.rollout.tool_format if cfg.rollout.tools else None,
             "max_keep": cfg.max_keep, "keep": cfg.keep, "shard_size": cfg.shard_size}
 
 
 def sample(engine, examples: list[Example], k: int, cfg: BuildPoolConfig):
     """Shard k's completions: ``samples`` per question, seeded by (seed, k)."""
-    prompts = [encode_prompt(engine.tokenizer, e.prompt, cfg.data.max_prompt_length)
-               for e in examples]
+    prompts = [engine_prompt(engine, e.prompt, cfg.data.max_prompt_length) for e in examples]
     return engine.generate(prompts, n=cfg.samples,
                            temperature=cfg.temperature, top_p=cfg.top_p,
                            max_tokens=cfg.rollout.max_response_length, seed=cfg.seed * 1000003 + k)
@@ -151,7 +151,8 @@ def build(cfg: BuildPoolConfig) -> None:
 
     n = cfg.data.train_size if cfg.split == "train" else cfg.data.eval_size
     examples = load_examples(cfg.data.train, cfg.split, cfg.data.data_dir,
-                             **tasks.loader_kwargs(cfg.data.train, cfg.data.levels, n, cfg.seed))
+                             **tasks.loader_kwargs(cfg.data.train, cfg.data.levels, n, cfg.seed,
+                                                   cfg.rollout.tool_format))
     wanted = settings(cfg, model_path, examples)
     jobs.pin_settings(out / "build.json", wanted, rank)
     shards = [examples[i:i + cfg.shard_size] for i in range(0, len(examples), cfg.shard_size)]

@@ -30,7 +30,7 @@ from megatron_rlep.builtin_model import resolve_model_path  # noqa: E402
 from megatron_rlep.config import ConfigError, EvaluateConfig  # noqa: E402
 from megatron_rlep.data import Example, load_examples  # noqa: E402
 from megatron_rlep.files import write_json_atomic, write_text_atomic  # noqa: E402
-from megatron_rlep.rollout import encode_prompt, engine_kind, make_engine  # noqa: E402
+from megatron_rlep.rollout import engine_kind, engine_prompt, make_engine  # noqa: E402
 from megatron_rlep import tasks  # noqa: E402
 from megatron_rlep.reward.scorer import Item, Scorer  # noqa: E402
 
@@ -44,7 +44,8 @@ def load_datasets(cfg: EvaluateConfig) -> dict[str, list[tuple[str, Example]]]:
     example's data source (the file's stem; a level of the built-in task)."""
     out, owner = {}, {}
     for name in cfg.datasets:
-        kwargs = tasks.loader_kwargs(name, cfg.levels, cfg.limit or ARITHMETIC_QUESTIONS, cfg.seed)
+        kwargs = tasks.loader_kwargs(name, cfg.levels, cfg.limit or ARITHMETIC_QUESTIONS, cfg.seed,
+                                     cfg.rollout.tool_format)
         examples = load_examples(name, "test", cfg.data_dir, **kwargs)[:cfg.limit]
         for source in {e.data_source for e in examples}:
             if owner.setdefault(source, name) != name:
@@ -157,7 +158,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     for u in todo:
         name, first = units[u]
         items = datasets[name][first:first + cfg.chunk_size]
-        prompts = [encode_prompt(engine.tokenizer, e.prompt, PROMPT_TOKENS) for _, e in items]
+        prompts = [engine_prompt(engine, e.prompt, PROMPT_TOKENS) for _, e in items]
         completions = engine.generate(prompts, n=cfg.samples,
                                       temperature=cfg.temperature, top_p=cfg.top_p,
                                       max_tokens=max_tokens, seed=cfg.seed * 1000003 + u)

@@ -21,9 +21,9 @@ from megatron_rlep.rollout.base import (Completion, answer_seed, encode_prompt, 
                                         request_seed, stop_ids)
 from megatron_rlep.rollout.transformers_engine import TransformersEngine
 
-__all__ = ["Completion", "TransformersEngine", "answer_seed", "encode_prompt", "request_seed",
-           "make_engine",
-           "generate_sharded", "engine_kind", "stop_ids", "model_stop_ids"]
+__all__ = ["Completion", "TransformersEngine", "answer_seed", "encode_prompt", "engine_prompt",
+           "request_seed", "make_engine", "generate_sharded", "engine_kind", "stop_ids",
+           "model_stop_ids"]
 
 
 @functools.cache
@@ -142,15 +142,36 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
                                          device=platform.device()), rollout, sandbox)
 
 
+def engine_prompt(engine, messages, max_length: int | None = None) -> tuple[int, ...]:
+    """A prompt's ids for ``engine`` (``encode_prompt``), its tools declared where its answers
+    call them in the chat template's format (``rollout.tool_format=chat``)."""
+    prompt = getattr(getattr(engine, "format", None), "prompt", None)
+    return prompt(messages, max_length) if prompt else \
+        encode_prompt(engine.tokenizer, messages, max_length)
+
+
+def tool_format(rollout, tokenizer, toolbox):
+    """The run's format of tool calls (``rollout.tool_format``): ``tools.Fence``, or
+    ``chat_tools.Chat`` with ``toolbox``'s tools declared."""
+    from megatron_rlep.rollout.tools import Fence, text_codec
+
+    if getattr(rollout, "tool_format", "fence") == "fence":
+        return Fence(*text_codec(tokenizer))
+    from megatron_rlep.rollout.chat_tools import Chat, load_template
+
+    return Chat(tokenizer, toolbox.schemas(), load_template(rollout.chat_template))
+
+
 def with_tools(engine, rollout, sandbox=None):
     """``engine``, its answers calling ``rollout.tools`` where the run names any."""
     if not getattr(rollout, "tools", None):
         return engine
     from megatron_rlep.rollout.tools import ToolEngine, Toolbox
 
-    return ToolEngine(engine, Toolbox(list(rollout.tools), rollout.tool_timeout_s,
-                                      rollout.tool_output_chars, rollout.tool_workers, sandbox),
-                      rollout.max_turns)
+    toolbox = Toolbox(list(rollout.tools), rollout.tool_timeout_s, rollout.tool_output_chars,
+                      rollout.tool_workers, sandbox)
+    return ToolEngine(engine, toolbox, rollout.max_turns,
+                      tool_format(rollout, engine.tokenizer, toolbox))
 
 
 def _share(engine, rollout_tp: int) -> tuple[int, int, bool]:

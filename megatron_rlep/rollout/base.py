@@ -52,10 +52,14 @@ def model_stop_ids(model_path, tokenizer) -> tuple[int, ...]:
     return stop_ids(tokenizer, generation_config)
 
 
-def encode_prompt(tokenizer, messages, max_length: int | None = None) -> tuple[int, ...]:
+def encode_prompt(tokenizer, messages, max_length: int | None = None, tools=None,
+                  template: str | None = None) -> tuple[int, ...]:
     """A chat prompt's token ids with the generation prompt, left-truncated to ``max_length``
-    (the trainer's ``data.max_prompt_length``): the ids the actor and every engine see."""
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+    (the trainer's ``data.max_prompt_length``): the ids the actor and every engine see.
+    ``tools``: declared to the chat template (``template``, None: the tokenizer's), for tool
+    calls in its format (``rollout/chat_tools.py``)."""
+    ids = tokenizer.apply_chat_template(list(messages), tools=tools, chat_template=template,
+                                        add_generation_prompt=True, tokenize=True,
                                         return_dict=False)
     return tuple(ids[-max_length:] if max_length else ids)
 

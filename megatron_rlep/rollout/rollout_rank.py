@@ -129,9 +129,9 @@ class RolloutRank:
         """Tools in the loop (``rollout/tools.py``): this engine runs its answers' calls."""
         if not self.r.tools:
             return None
-        from megatron_rlep.rollout.tools import Turns, text_codec
+        from megatron_rlep.rollout.tools import Turns
 
-        return Turns(self.engine.toolbox, *text_codec(self.engine.tokenizer), self.r.max_turns)
+        return Turns(self.engine.toolbox, self.engine.format, self.r.max_turns)
 
     def _generate(self, prompts, counts, seeds, max_tokens):
         r = self.r

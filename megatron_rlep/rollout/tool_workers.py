@@ -22,6 +22,7 @@ going.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import select
@@ -33,6 +34,8 @@ import time
 
 START_S = 60.0  # the longest a worker may take to start and import the tools
 STATUSES = ("ok", "error", "timeout", "output", "infra")  # rollout/tools.py's Result.status
+JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
+              "list": "array", "dict": "object"}
 
 
 # ---------------------------------------------------------------------- the worker's end
@@ -65,12 +68,46 @@ def error_text(error: BaseException) -> str:
     return f"{name_of(error)}: {message}" if message else name_of(error)
 
 
-def answer(function, code: str, limit: int) -> dict:
+def schema_of(function, name: str) -> dict:
+    """The chat format's declaration of a tool (``rollout.tool_format=chat``): its ``name``,
+    ``description`` and JSON schema of its ``parameters``. A function's own ``schema``
+    attribute (the parameters' schema, or the whole declaration) is taken as it is; otherwise
+    it is read from the signature (annotations ``str``, ``int``, ``float``, ``bool``, ``list``,
+    ``dict``; a parameter without a default is required) and the docstring (its first paragraph,
+    and ``name: text`` lines under ``Args:``)."""
+    given = getattr(function, "schema", None)
+    if isinstance(given, dict):
+        return {"name": name, **given} if "parameters" in given else \
+            {"name": name, "description": "", "parameters": given}
+    doc = inspect.getdoc(function) or ""
+    described, args = {}, doc.partition("Args:")[2]
+    for line in args.splitlines():
+        key, colon, text = line.strip().partition(":")
+        if colon and key.split(" (")[0].isidentifier():
+            described[key.split(" (")[0]] = text.strip()
+    properties, required, more = {}, [], False
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            more = more or parameter.kind == parameter.VAR_KEYWORD
+            continue
+        hint = parameter.annotation
+        hint = getattr(hint, "__name__", hint)  # a type, or its name under postponed annotations
+        kind = JSON_TYPES.get(hint)
+        properties[parameter.name] = {**({"type": kind} if kind else {}),
+                                      "description": described.get(parameter.name, "")}
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+    return {"name": name, "description": doc.split("\n\n")[0].replace("\n", " "),
+            "parameters": {"type": "object", "properties": properties, "required": required,
+                           **({"additionalProperties": True} if more else {})}}
+
+
+def answer(function, given, limit: int) -> dict:
     """A call's answer: its text cut to ``limit`` characters (``more``: how many were cut,
     trailing newlines aside) and its status (a returned ``Result``'s own, where it is one of
-    ``STATUSES``)."""
+    ``STATUSES``). ``given``: a block's text, or the chat format's arguments (keywords)."""
     try:
-        value = function(code)
+        value = function(**given) if isinstance(given, dict) else function(given)
         text, status = text_of(value), "ok"
         if type(value).__name__ == "Result" and hasattr(value, "output"):  # rollout/tools.py's
             text = text_of(value.output)
@@ -85,7 +122,8 @@ def answer(function, code: str, limit: int) -> dict:
 
 
 def serve(specs: list[str], limit: int) -> None:
-    """Imports ``specs``, says which did not import (a JSON line), then answers calls."""
+    """Imports ``specs``, says which did not import and what the others take (a JSON line),
+    then answers calls."""
     requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -98,20 +136,21 @@ def serve(specs: list[str], limit: int) -> None:
         os._exit(0)
     threading.Thread(target=watch, daemon=True).start()
 
-    functions, errors = {}, {}
+    functions, errors, schemas = {}, {}, {}
     for spec in specs:
         module, _, name = spec.partition(":")
         try:
             functions[name] = getattr(importlib.import_module(module), name)
             if not callable(functions[name]):
                 raise TypeError(f"{spec} is a {name_of(functions[name])}, not a function")
+            schemas[name] = schema_of(functions[name], name)
         except BaseException as error:
             errors[spec] = error_text(error)
-    replies.write(json.dumps(errors).encode() + b"\n")
+    replies.write(json.dumps({"errors": errors, "schemas": schemas}).encode() + b"\n")
     replies.flush()
     for line in requests:
         call = json.loads(line)
-        replies.write(json.dumps(answer(functions[call["tool"]], call["code"], limit)).encode()
+        replies.write(json.dumps(answer(functions[call["tool"]], call["input"], limit)).encode()
                       + b"\n")
         replies.flush()
 
@@ -131,9 +170,9 @@ class Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
 
-    def send(self, tool: str, code: str) -> None:
+    def send(self, tool: str, given) -> None:
         try:
-            self.proc.stdin.write(json.dumps({"tool": tool, "code": code}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps({"tool": tool, "input": given}).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:
             raise WorkerGone(self.end()) from None
@@ -188,6 +227,7 @@ class ToolWorkers:
     def __init__(self, specs: list[str], limit: int, size: int):
         self.specs, self.limit, self.size = specs, limit, size
         self.idle: list[Worker] = []
+        self.schemas: dict = {}  # each tool's declaration (``schema_of``), once one has started
         self.lock = threading.Lock()
         self.closed = False
 
@@ -198,8 +238,9 @@ class ToolWorkers:
         self._give_back(worker)
         return errors
 
-    def call(self, tool: str, code: str, timeout_s: float) -> tuple[str, str, int]:
-        """(output, status, characters cut) of ``tool`` run on ``code``, within ``timeout_s``
+    def call(self, tool: str, code, timeout_s: float) -> tuple[str, str, int]:
+        """(output, status, characters cut) of ``tool`` run on ``code`` (a text, or keyword
+        arguments), within ``timeout_s``
         of when its worker got the call (a worker's start is not the call's time)."""
         with self.lock:
             worker = self.idle.pop() if self.idle else None
@@ -227,13 +268,14 @@ class ToolWorkers:
         """A new worker, and the specs that did not import in it."""
         worker = Worker(self.specs, self.limit)
         try:
-            errors = worker.read(time.monotonic() + START_S)
+            reply = worker.read(time.monotonic() + START_S)
         except WorkerGone as gone:
             raise WorkerGone(f"the process ended while importing the tools ({gone})") from None
-        if errors is None:
+        if reply is None:
             worker.end()
             raise WorkerGone(f"importing the tools took longer than {START_S:g} s")
-        return worker, errors
+        self.schemas = reply["schemas"]
+        return worker, reply["errors"]
 
     def _give_back(self, worker: Worker) -> None:
         with self.lock:

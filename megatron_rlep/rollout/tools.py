@@ -1,7 +1,9 @@
-"""Tools in the loop: multi-turn answers whose code blocks run, outputs appended, before the
-model goes on (``rollout.tools``; docs/usage.md, "Tools").
+"""Tools in the loop: multi-turn answers whose calls run, results appended, before the model
+goes on (``rollout.tools``; docs/tools.md). The model calls in one of two
+formats (``rollout.tool_format``): fenced code blocks (``Fence``, below) or the chat template's
+own (``chat_tools.Chat``); everything else here serves both.
 
-The format the model sees (the built-in ``calculator`` task's prompt shows it once)::
+The fenced format (the built-in ``calculator`` task's prompt shows it once)::
 
     ```python
     print(1234 * 5678)
@@ -60,6 +62,22 @@ CPU_KILLED = (137, 152, -9, -24)  # SIGKILL or SIGXCPU at the CPU-time limit
 OPENING = re.compile(r"```([A-Za-z_][\w.]*)[ \t]*\n")  # a block's first line: ```python
 
 
+PYTHON = {"name": "python",  # the ``python`` tool's declaration, for the chat format
+          "description": "Runs a Python program in a sandbox and returns what it prints (its "
+                         "standard output, then its error's last line if it fails).",
+          "parameters": {"type": "object", "required": ["code"], "properties": {
+              "code": {"type": "string", "description": "the program; print what you need"}}}}
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call found in a turn: the tool's name and its input (a fenced block's text, or the chat
+    format's arguments), or ``error``, why it cannot run (the model reads it)."""
+    tool: str | None
+    input: object = None
+    error: str | None = None
+
+
 @dataclass(frozen=True)
 class Result:
     """What a tool call gives the model: its ``output`` text and how it went (``ok`` | ``error``
@@ -90,14 +108,17 @@ def call_of(text: str) -> tuple[str, str] | None:
     return (openings[-1].group(1), text[openings[-1].end():close]) if openings else None
 
 
-def observation(result: Result, limit: int) -> str:
-    """The ``output`` block the model reads: the output cut to ``limit`` characters, saying
-    how much was left out."""
+def shown(result: Result, limit: int) -> str:
+    """A result's output as the model reads it: cut to ``limit`` characters, saying how much
+    was left out."""
     text = result.output if result.more else result.output.rstrip("\n")
     more = max(len(text) - limit, 0) + result.more
-    if more:
-        text = f"{text[:limit]}\n... ({more} more characters)"
-    return f"```output\n{text}\n```\n"
+    return f"{text[:limit]}\n... ({more} more characters)" if more else text
+
+
+def observation(result: Result, limit: int) -> str:
+    """The ``output`` block the model reads (``shown``)."""
+    return f"```output\n{shown(result, limit)}\n```\n"
 
 
 def text_codec(tokenizer):
@@ -107,6 +128,26 @@ def text_codec(tokenizer):
     return (lambda text: tokenizer(text, add_special_tokens=False,
                                    split_special_tokens=True)["input_ids"],
             lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+
+
+class Fence:
+    """Calls as Markdown code blocks (``rollout.tool_format=fence``, above): a turn ends at a
+    block's end (``STOP``), and the block is a call where its tag names a tool; its result comes
+    back as an ``output`` block. ``encode`` and ``decode``: ``text_codec``'s."""
+
+    stop = (STOP,)
+    name = "fence"
+
+    def __init__(self, encode, decode):
+        self.encode, self.decode = encode, decode
+
+    def calls(self, turn: str) -> list[Call]:
+        found = call_of(turn)
+        return [Call(*found)] if found else []
+
+    def observation(self, results: list[Result], limit: int) -> list[int]:
+        (result,) = results
+        return list(self.encode(observation(result, limit)))
 
 
 class PythonTool:
@@ -125,7 +166,9 @@ class PythonTool:
         self.timeout_s, self.output_bytes = timeout_s, output_bytes
         self.cpu_s = self.sandbox.limits.cpu_s
 
-    def __call__(self, code: str) -> Result:
+    def __call__(self, code) -> Result:
+        """``code``: a block's text, or the chat format's arguments (``{"code": ...}``)."""
+        code = code["code"] if isinstance(code, dict) else code
         outcome = self.sandbox.run({"main.py": code})
         if outcome.status == "timeout":
             return Result(f"{outcome.stdout}TimeoutError: the program ran longer than "
@@ -187,8 +230,14 @@ class Toolbox:
             name = spec.partition(":")[2]
             self.tools[name] = functools.partial(self._call, name)
 
-    def _call(self, name: str, code: str) -> Result:
+    def _call(self, name: str, code) -> Result:
         return Result(*self.processes.call(name, code, self.timeout_s))
+
+    def schemas(self) -> list[dict]:
+        """Each tool's name, description and JSON schema of its arguments, for the chat
+        format (a user's tool's from its worker: ``tool_workers.schema_of``)."""
+        return ([PYTHON] if "python" in self.tools else []) + \
+            [self.processes.schemas[n] for n in self.tools if n != "python"]
 
     def __enter__(self) -> Toolbox:
         return self
@@ -196,8 +245,8 @@ class Toolbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def run(self, calls: list[tuple[str, str]], collective: bool = False) -> list[Result]:
-        """Every (tag, code) call's result, in order. ``collective``: every rank holds the same
+    def run(self, calls: list[tuple], collective: bool = False) -> list[Result]:
+        """Every (tool, input) call's result, in order. ``collective``: every rank holds the same
         calls; rank 0 runs them and every rank gets its results (a program's output may differ
         from run to run, and ranks must append the same tokens)."""
         if not calls:
@@ -213,7 +262,7 @@ class Toolbox:
         self.seconds += time.perf_counter() - start
         return out
 
-    def _run_all(self, calls: list[tuple[str, str]]) -> list[Result]:
+    def _run_all(self, calls: list[tuple]) -> list[Result]:
         """The calls on threads, ``workers`` at a time. Each call ends itself: a user's tool at
         its deadline, a ``python`` call in the sandbox (on a busy machine later than its wall
         clock, so it is not timed here)."""
@@ -245,14 +294,22 @@ class Trajectory:
                           tuple(self.mask), tuple(self.calls))
 
 
-def observe(answer, result: Result, toolbox: Toolbox, encode, max_tokens: int,
+def run_calls(toolbox: Toolbox, found: list[list], collective: bool = False) -> list[list[Result]]:
+    """The results of each answer's calls (``chat_tools.Call``), in order: those that can run
+    run together (``Toolbox.run``), the others are their error."""
+    ready = [c for calls in found for c in calls if c.error is None]
+    results = iter(toolbox.run([(c.tool, c.input) for c in ready], collective))
+    return [[Result(f"ToolCallError: {c.error}", "malformed") if c.error else next(results)
+             for c in calls] for calls in found]
+
+
+def observe(answer, results: list[Result], toolbox: Toolbox, fmt, max_tokens: int,
             version: int | None = None) -> bool:
-    """Appends ``result``'s observation to ``answer``: its tokens cut at ``max_tokens``, masked
-    out, log-prob 0.0, tagged with ``version`` when the answer tracks versions. True when the
-    answer has reached ``max_tokens``."""
-    answer.calls.append(result.status)
-    ids = list(encode(observation(result, toolbox.output_chars)))
-    ids = ids[:max_tokens - len(answer.token_ids)]
+    """Appends the observation of a turn's ``results`` in format ``fmt`` to ``answer``: its
+    tokens cut at ``max_tokens``, masked out, log-prob 0.0, tagged with ``version`` when the
+    answer tracks versions. True when the answer has reached ``max_tokens``."""
+    answer.calls += [r.status for r in results]
+    ids = fmt.observation(results, toolbox.output_chars)[:max_tokens - len(answer.token_ids)]
     answer.token_ids += ids
     answer.logprobs += [0.0] * len(ids)
     answer.mask += [False] * len(ids)
@@ -261,15 +318,22 @@ def observe(answer, result: Result, toolbox: Toolbox, encode, max_tokens: int,
     return len(answer.token_ids) >= max_tokens
 
 
-def run_turns(generate, encode, decode, toolbox: Toolbox, prompts: list[tuple],
-              seeds: list[int], max_tokens: int, max_turns: int) -> list[Completion]:
+def tool_calls(fmt, toolbox: Toolbox, turn: str) -> list:
+    """The calls of a turn: the format's, less a fenced block whose tag is no tool's."""
+    return [c for c in fmt.calls(turn) if c.error or c.tool in toolbox.tools]
+
+
+def run_turns(generate, fmt, toolbox: Toolbox, prompts: list[tuple], seeds: list[int],
+              max_tokens: int, max_turns: int) -> list[Completion]:
     """One multi-turn answer per prompt. ``generate(contexts, seeds, max_tokens)`` returns one
-    ``Completion`` per context, stopping at ``STOP``; ``encode(text)`` and ``decode(ids)`` are
-    the tokenizer's. Turn k > 0 of an answer is seeded from its seed and the number of tokens it
-    has so far, so an answer that never calls a tool is the one sampled without tools. An
-    answer ends at an end of sequence, at ``max_tokens`` (an observation cut there too), or at
-    a code block past ``max_turns`` calls; a block whose tag is no tool's lets it go on."""
+    ``Completion`` per context, stopping at ``fmt.stop``; ``fmt`` is the calls' format
+    (``Fence`` or ``chat_tools.Chat``). Turn k > 0 of an answer is seeded from its seed and the
+    number of tokens it has so far, so an answer that never calls a tool is the one sampled
+    without tools. An answer ends at the token limit (an observation cut there too), at a turn
+    whose calls would pass ``max_turns``, or at an end of sequence, unless (chat format) the turn
+    it ends holds calls. A fenced block whose tag is no tool's lets it go on."""
     answers = [Trajectory(tuple(p), s) for p, s in zip(prompts, seeds)]
+    at_eos = not fmt.stop  # the chat format's turns end at the end of sequence
     while active := [a for a in answers if not a.done]:
         left = [max_tokens - len(a.token_ids) for a in active]
         results = generate([a.prompt_ids + tuple(a.token_ids) for a in active],
@@ -279,39 +343,42 @@ def run_turns(generate, encode, decode, toolbox: Toolbox, prompts: list[tuple],
         for answer, room, c in zip(active, left, results):
             ids = list(c.token_ids[:room])
             whole = len(ids) == len(c.token_ids)
-            turn = c.text if whole else decode(ids)
+            turn = c.text if whole else fmt.decode(ids)
             answer.token_ids += ids
             answer.logprobs += list(c.logprobs[:room])
             answer.mask += [True] * len(ids)
             answer.text += turn
             answer.finished = c.finished and whole
-            if not (whole and c.stopped) or not ids or len(answer.token_ids) >= max_tokens:
+            paused = c.finished if at_eos else c.stopped
+            if not (whole and paused) or not ids or len(answer.token_ids) >= max_tokens:
                 answer.done = True  # an end of sequence, the token limit, or nothing sampled
                 continue
-            call = call_of(turn)
-            if call is None or call[0] not in toolbox.tools:
-                continue  # a block that is no tool's: the answer goes on
-            if len(answer.calls) >= max_turns:
+            found = tool_calls(fmt, toolbox, turn)
+            if not found:
+                answer.done = at_eos  # the last turn, or a block that is no tool's: it goes on
+                continue
+            answer.finished = False
+            if len(answer.calls) + len(found) > max_turns:
                 answer.done = True
             else:
-                calls.append((answer, call))
-        for (answer, _), result in zip(calls, toolbox.run([c for _, c in calls])):
-            answer.done = observe(answer, result, toolbox, encode, max_tokens)
+                calls.append((answer, found))
+        for (answer, _), out in zip(calls, run_calls(toolbox, [f for _, f in calls])):
+            answer.done = observe(answer, out, toolbox, fmt, max_tokens)
     return [a.completion() for a in answers]
 
 
 class Turns:
     """Answers grown turn by turn in the rollout stream (``rollout/stream.py``), a segment at a
-    time. After each segment an answer whose current turn holds the end of a code block is cut
-    right after the token that completes it (the engine stops there, but the end may also fall
-    across two segments), and when the block is a tool's, the call runs and its observation is
-    appended, tagged with the version current then (never trained: masked)."""
+    time. After each segment an answer whose current turn has ended (format ``fmt``) and holds
+    calls gets their observation, tagged with the version current then (never trained: masked).
+    A fenced turn ends at the end of a code block: the answer is cut right after the token that
+    completes it (the engine stops there, but the end may also fall across two segments)."""
 
-    stop = (STOP,)
     OVERLAP = 8  # tokens decoded again before the new ones (``end_of_block``)
 
-    def __init__(self, toolbox: Toolbox, encode, decode, max_turns: int):
-        self.toolbox, self.encode, self.decode, self.max_turns = toolbox, encode, decode, max_turns
+    def __init__(self, toolbox: Toolbox, fmt, max_turns: int):
+        self.toolbox, self.format, self.max_turns = toolbox, fmt, max_turns
+        self.stop, self.decode = fmt.stop, fmt.decode
 
     def end_of_block(self, answer) -> int | None:
         """The length ``answer`` has once cut after the token that completes a block's end
@@ -337,25 +404,35 @@ class Turns:
             low, high = (low, middle) if ends(middle) else (middle, high)
         return high
 
+    def turn_end(self, answer) -> int | None:
+        """Where ``answer``'s current turn ends, None while it goes on: the chat format's at its
+        end of sequence, the fenced one's after a block's end (``end_of_block``)."""
+        if self.stop:
+            return self.end_of_block(answer)
+        return len(answer.token_ids) if answer.finished and len(answer.token_ids) > answer.turn \
+            else None
+
     def after(self, answers: list, version: int, max_tokens: int) -> None:
         calls = []
         for a in answers:
-            cut = self.end_of_block(a)
+            cut = self.turn_end(a)
             if cut is None:
                 continue
-            for values in (a.token_ids, a.logprobs, a.versions, a.mask):
-                del values[cut:]
-            text, a.turn = self.decode(a.token_ids[a.turn:]), cut
-            a.finished, a.done = False, cut >= max_tokens
-            call = call_of(text)
-            if a.done or call is None or call[0] not in self.toolbox.tools:
+            if self.stop:  # cut where the engine would have stopped: the answer goes on
+                for values in (a.token_ids, a.logprobs, a.versions, a.mask):
+                    del values[cut:]
+                a.finished, a.done = False, cut >= max_tokens
+            text, a.turn = self.decode(a.token_ids[a.turn:cut]), cut
+            found = tool_calls(self.format, self.toolbox, text)
+            if cut >= max_tokens or not found:
                 continue
-            if len(a.calls) >= self.max_turns:
-                a.done = True
-            else:
-                calls.append((a, call))
-        for (a, _), result in zip(calls, self.toolbox.run([c for _, c in calls], collective=True)):
-            a.done = observe(a, result, self.toolbox, self.encode, max_tokens, version)
+            a.finished = False
+            a.done = len(a.calls) + len(found) > self.max_turns
+            if not a.done:
+                calls.append((a, found))
+        for (a, _), out in zip(calls, run_calls(self.toolbox, [f for _, f in calls],
+                                                collective=True)):
+            a.done = observe(a, out, self.toolbox, self.format, max_tokens, version)
             a.turn = len(a.token_ids)
 
 
@@ -364,8 +441,10 @@ class ToolEngine:
     prompt, per-prompt seeds; the j-th answer of a prompt seeded as the engine seeds it), each
     answer grown turn by turn (``run_turns``). Everything else is the wrapped engine's."""
 
-    def __init__(self, engine, toolbox: Toolbox, max_turns: int):
+    def __init__(self, engine, toolbox: Toolbox, max_turns: int, fmt=None):
+        """``fmt``: the calls' format (``tool_format``; None: fenced blocks)."""
         self.engine, self.toolbox, self.max_turns = engine, toolbox, max_turns
+        self.format = fmt or Fence(*text_codec(engine.tokenizer))
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -383,9 +462,9 @@ class ToolEngine:
 
         def turn(contexts, turn_seeds, limit):
             out = self.engine.generate(contexts, 1, temperature=temperature, top_p=top_p,
-                                       max_tokens=limit, seed=turn_seeds, stop=(STOP,))
+                                       max_tokens=limit, seed=turn_seeds, stop=self.format.stop)
             return [group[0] for group in out]
-        flat = run_turns(turn, *text_codec(self.engine.tokenizer), self.toolbox,
+        flat = run_turns(turn, self.format, self.toolbox,
                          [prompts[i] for i, _ in jobs], [s for _, s in jobs], max_tokens,
                          self.max_turns)
         out: list[list[Completion]] = [[] for _ in prompts]

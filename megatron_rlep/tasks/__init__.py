@@ -20,15 +20,19 @@ def module(name: str):
     return import_module(f"megatron_rlep.tasks.{name}")
 
 
-def examples(name: str, split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0):
-    """``n`` examples of built-in task ``name``."""
-    return module(name).examples(split=split, levels=levels, n=n, seed=seed)
+def examples(name: str, split: str = "train", levels=(1, 2, 3), n: int = 64, seed: int = 0,
+             **extra):
+    """``n`` examples of built-in task ``name`` (``extra``: a tool task's ``tool_format``)."""
+    return module(name).examples(split=split, levels=levels, n=n, seed=seed, **extra)
 
 
-def loader_kwargs(spec: str, levels, n: int, seed: int) -> dict:
-    """What ``load_examples`` passes a built-in task (its levels, size and seed); other
-    datasets take none."""
-    return {"levels": levels, "n": n, "seed": seed} if spec in BUILTIN else {}
+def loader_kwargs(spec: str, levels, n: int, seed: int, tool_format: str = "fence") -> dict:
+    """What ``load_examples`` passes a built-in task (its levels, size and seed, and to a task
+    whose prompt shows a tool call, ``rollout.tool_format``); other datasets take none."""
+    if spec not in BUILTIN:
+        return {}
+    shows = getattr(module(spec), "SHOWS_TOOL_CALL", False)
+    return {"levels": levels, "n": n, "seed": seed, **({"tool_format": tool_format} if shows else {})}
 
 
 def split_of(text: str) -> str:

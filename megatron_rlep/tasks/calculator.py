@@ -13,14 +13,34 @@ from __future__ import annotations
 from megatron_rlep.example import Example
 from megatron_rlep.tasks import distinct
 
+SHOWS_TOOL_CALL = True  # its prompt shows a call in the run's format (``rollout.tool_format``)
+ANSWER = "Put the final answer on its own line after \"Answer:\"."
 DEMONSTRATION = (
     {"role": "system", "content": "Solve the problem. You can run Python: write a ```python "
-                                  "block and its output follows. Put the final answer on its own "
-                                  "line after \"Answer:\"."},
+                                  f"block and its output follows. {ANSWER}"},
     {"role": "user", "content": "Compute $4821 \\times 37$."},
     {"role": "assistant", "content": "```python\nprint(4821 * 37)\n```\n```output\n178377\n```\n"
                                      "Answer: 178377"},
 )
+
+
+def chat_example(expression: str, code: str, result: str) -> tuple:
+    """A worked example in the chat template's format (rollout/chat_tools.py): a call, its tool
+    message, the answer."""
+    return ({"role": "user", "content": f"Compute ${expression}$."},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "python", "arguments": {"code": code}}}]},
+            {"role": "tool", "name": "python", "content": result},
+            {"role": "assistant", "content": f"Answer: {result}"})
+
+
+# two worked examples: after one, the built-in model starts "<tool_" and goes on "response",
+# writing the result itself, far more often than "call" (docs/tools.md)
+CHAT_DEMONSTRATION = (
+    {"role": "system", "content": f"Solve the problem. You can run Python with the python tool. "
+                                  f"{ANSWER}"},
+    *chat_example("4821 \\times 37", "print(4821 * 37)", "178377"),
+    *chat_example("352 \\times 418 + 77", "print(352 * 418 + 77)", "147213"))
 
 
 def _level_1(rng):  # a + b + c, four digits
@@ -47,11 +67,15 @@ def _level_4(rng):  # a * b + c * d, three digits by two
 LEVELS = {1: _level_1, 2: _level_2, 3: _level_3, 4: _level_4}
 
 
-def examples(split: str = "train", levels=(1, 2), n: int = 64, seed: int = 0) -> list[Example]:
-    """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``."""
+def examples(split: str = "train", levels=(1, 2), n: int = 64, seed: int = 0,
+             tool_format: str = "fence") -> list[Example]:
+    """``n`` distinct problems of ``split``, levels taken in turn, deterministic from ``seed``;
+    the prompt's worked example calls the tool in ``tool_format`` (``rollout.tool_format``)."""
+    shown = CHAT_DEMONSTRATION if tool_format == "chat" else DEMONSTRATION
+
     def draw(level, rng, index):
         expression, answer = LEVELS[level](rng)
-        prompt = DEMONSTRATION + ({"role": "user", "content": f"Compute ${expression}$."},)
+        prompt = shown + ({"role": "user", "content": f"Compute ${expression}$."},)
         return expression, Example(f"C{level}-{index}", prompt, str(answer), f"arithmetic-calculator-L{level}")
 
     return distinct("calculator", LEVELS, split, levels, n, seed, draw)

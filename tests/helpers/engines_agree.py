@@ -35,7 +35,7 @@ def main(model: str, questions: int, max_tokens: int) -> None:
             expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
             gap = max(gap, (torch.tensor(c.logprobs) - expected).abs().max().item())
     # with a Python tool: each engine's greedy multi-turn answers, as the segments of their
-    # masks (model's or observation's, and how long) and their calls
+    # masks (model's or observation's, and how long) and their calls, in the fenced format
     from megatron_rlep.rollout.tools import ToolEngine, Toolbox
     from megatron_rlep.tasks import calculator
 
@@ -46,11 +46,32 @@ def main(model: str, questions: int, max_tokens: int) -> None:
         tooled = ToolEngine(each, Toolbox(["python"]), max_turns=2)
         turns[name] = [[segments(c.mask), list(c.calls), c.text] for (c,) in
                        tooled.generate(questions, 1, temperature=0.0, max_tokens=64)]
+    # the same in the chat template's format, each answer begun with "<tool_call>" in its
+    # prompt (greedy, the built-in model writes the tool's response itself; docs/usage.md), and
+    # its first turn read with it
+    from megatron_rlep.rollout.chat_tools import Chat, load_template
+    from megatron_rlep.rollout.tools import PYTHON
+
+    class Begun(Chat):
+        def calls(self, turn):
+            opened, closed = turn.find("<tool_call>"), turn.find("</tool_call>")
+            if closed >= 0 and not 0 <= opened < closed:
+                turn = "<tool_call>\n" + turn
+            return super().calls(turn)
+    chat = Begun(reference.tokenizer, [PYTHON], load_template("hermes"))
+    begun = reference.tokenizer("<tool_call>\n", add_special_tokens=False)["input_ids"]
+    questions = [chat.prompt(e.prompt) + tuple(begun) for e in
+                 calculator.examples("test", (1, 2, 3, 4), 4, seed=0, tool_format="chat")]
+    chat_turns = {}
+    for name, each in (("vllm", engine), ("transformers", reference)):
+        tooled = ToolEngine(each, Toolbox(["python"]), max_turns=2, fmt=chat)
+        chat_turns[name] = [[segments(c.mask), list(c.calls), c.text] for (c,) in
+                            tooled.generate(questions, 1, temperature=0.0, max_tokens=96)]
     print(json.dumps({"vllm": [list(g[0].token_ids) for g in greedy[0]],
                       "transformers": [list(g[0].token_ids) for g in greedy[1]],
                       "sampled_logprob_gap": gap,
                       "sampled_lengths": [len(c.token_ids) for g in sampled for c in g],
-                      "tools": turns}))
+                      "tools": turns, "chat_tools": chat_turns}))
 
 
 def segments(mask) -> list:

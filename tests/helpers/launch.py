@@ -7,7 +7,9 @@ oversubscribe the machine.
 
 import os
 import re
+import signal
 import sys
+from pathlib import Path
 
 
 def launcher(nproc: int = 1) -> list[str]:
@@ -16,6 +18,28 @@ def launcher(nproc: int = 1) -> list[str]:
         return [sys.executable]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
             str(nproc)]
+
+
+def kill_job(pid: int) -> None:
+    """SIGKILL to process ``pid`` and every process under it, as a lost node ends a job:
+    torchrun starts each worker in a session of its own, out of reach of ``os.killpg``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+        except OSError:  # gone
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    doomed = [pid]
+    for each in doomed:
+        doomed += children.get(each, [])
+    for each in doomed:
+        try:
+            os.kill(each, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def worker_cores() -> int:
