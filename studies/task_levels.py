@@ -2,14 +2,16 @@
 
     python studies/task_levels.py [--task arithmetic|calculator|code|logic] [--questions 32] \
         [--samples 4] [--max-tokens 64] [--engine auto|vllm|transformers] [--json FILE] \
-        [--tool-format fence|chat]
+        [--tool-format fence|chat|none] [--max-turns 2]
 
 Samples at temperature 1.0, top-p 1.0 with the rollout engine (``auto``: vLLM where it imports),
 scores with the task's own rule (``megatron_rlep/tasks/<task>.py``: the DAPO rule, the code
 checker in the sandbox, the logic checker through the plug-in path), prints a Markdown table
 (level, an example, pass rate, standard error, tool calls per answer, seconds) and writes it as
-JSON. A task whose prompt shows a tool call (``calculator``) runs with the ``python`` tool, up to
-2 calls an answer, in ``--tool-format`` (``chat``: with the project's Hermes template).
+JSON. A task whose prompt shows a tool call (``calculator``) runs with the
+``python`` tool, up to ``--max-turns`` calls an answer, in ``--tool-format`` (``chat``: with the
+project's Hermes template; ``none``: the fenced prompt and no tool, so what the model writes as
+output is its own).
 """
 
 import argparse
@@ -35,16 +37,18 @@ def main():
     parser.add_argument("--levels", type=int, nargs="*", default=None)
     parser.add_argument("--json", default=None, help="default: <task>_levels.json")
     parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "transformers"])
-    parser.add_argument("--tool-format", default="fence", choices=["fence", "chat"])
+    parser.add_argument("--tool-format", default="fence", choices=["fence", "chat", "none"])
+    parser.add_argument("--max-turns", type=int, default=2)
     args = parser.parse_args()
     task = tasks.module(args.task)
     shows = getattr(task, "SHOWS_TOOL_CALL", False)
+    tools = shows and args.tool_format != "none"
     rollout = RolloutConfig(engine=args.engine, **(dict(
-        tools=["python"], max_turns=2, tool_format=args.tool_format,
-        chat_template="hermes" if args.tool_format == "chat" else None) if shows else {}))
+        tools=["python"], max_turns=args.max_turns, tool_format=args.tool_format,
+        chat_template="hermes" if args.tool_format == "chat" else None) if tools else {}))
     engine = make_engine(rollout, resolve_model_path("smollm2-135m"), torch.float32, seed=0,
                          max_model_len=768)
-    extra = {"tool_format": args.tool_format} if shows else {}
+    extra = {"tool_format": "chat" if args.tool_format == "chat" else "fence"} if shows else {}
     scorer = Scorer(settings(**task.VERIFIER) if hasattr(task, "VERIFIER") else settings("dapo"))
     rows = []
     print(f"task {args.task}: {scorer.describe()}")
