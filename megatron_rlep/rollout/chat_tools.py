@@ -105,7 +105,6 @@ class Chat:
     ``description``, ``parameters``) and ``template`` (Jinja text; None: the tokenizer's)."""
 
     stop = ()  # a turn ends at the end of sequence
-    name = "chat"
 
     def __init__(self, tokenizer, schemas: list[dict], template: str | None = None):
         self.tokenizer, self.template = tokenizer, template

@@ -136,7 +136,6 @@ class Fence:
     back as an ``output`` block. ``encode`` and ``decode``: ``text_codec``'s."""
 
     stop = (STOP,)
-    name = "fence"
 
     def __init__(self, encode, decode):
         self.encode, self.decode = encode, decode
