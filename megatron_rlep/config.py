@@ -513,9 +513,10 @@ class EvaluateConfig:
 class DemoConfig:
     """python -m megatron_rlep.demo: baseline, pool, RLEP, evaluation and report in one run."""
     experiment: str = "cpu_demo"  # the training preset both runs share (conf/experiment/)
-    # the built-in task: arithmetic (the preset as named), calculator (with a Python tool), code
-    # or logic (<experiment>_<task>)
-    task: str = one_of("arithmetic", "calculator", "code", "logic", default="arithmetic")
+    # the built-in task: arithmetic (the preset as named), calculator or chain (with a Python
+    # tool), code or logic (<experiment>_<task>)
+    task: str = one_of("arithmetic", "calculator", "chain", "code", "logic",
+                       default="arithmetic")
     replay_per_prompt: int = at_least(1, default=2)  # M of the RLEP run; the baseline has 0
     seed: int = 1  # both runs, the pool and the evaluation
     out: str = "runs/demo"

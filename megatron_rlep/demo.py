@@ -2,12 +2,14 @@
 -> report.
 
     python -m megatron_rlep.demo [seed=1] [out=runs/demo] [replay_per_prompt=2] \
-        [experiment=cpu_demo] [task=arithmetic|calculator|code|logic] [algorithm.total_steps=12 ...]
+        [experiment=cpu_demo] [task=arithmetic|calculator|chain|code|logic] \
+        [algorithm.total_steps=12 ...]
 
 The demo's own keys are those of ``DemoConfig`` (megatron_rlep/config.py); every other
-``key=value`` is a training override given to both runs. ``task=code`` or ``task=logic`` runs
-it on another built-in task, with the preset ``<experiment>_<task>`` (its levels, response
-length and reward: ``conf/experiment/cpu_demo_code.yaml``, ``cpu_demo_logic.yaml``).
+``key=value`` is a training override given to both runs. ``task=code`` (or ``logic``, and
+``calculator`` or ``chain`` with a Python tool) runs it on another built-in task, with the preset
+``<experiment>_<task>`` (its levels, response length, reward and tools:
+``conf/experiment/cpu_demo_code.yaml``, ``cpu_demo_logic.yaml``, ...).
 
 1. the baseline: ``python -m megatron_rlep.train experiment=<experiment>`` with M = 0;
 2. the pool: ``tools/build_pool.py`` samples ``pool_samples`` answers per training question from
@@ -379,25 +381,32 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
 
 
 def tool_summary(steps: list[dict]) -> dict:
-    """A tool run's calls over its steps (``train._tool_metrics``): per answer, the share that
-    ran without error, and the seconds and share of each step's rollout spent running them."""
+    """A tool run's calls over its steps (``train._tool_metrics``): calls and model turns per
+    answer, the share of calls that ran without error, the share of answers with a failed call
+    that ended right (recovered), and the seconds and share of each step's rollout spent running
+    them; by step: [step, calls, without error, turns, recovered]."""
+    keys = ("tools/calls_per_answer", "tools/ok_share", "tools/turns_per_answer",
+            "tools/recovered")
     return {"calls_per_answer": _average(steps, "tools/calls_per_answer"),
             "ok_share": _average(steps, "tools/ok_share"),
+            "turns_per_answer": _average(steps, "tools/turns_per_answer"),
+            "recovered": _average(steps, "tools/recovered"),
             "seconds_per_step": _average(steps, "time/tools_s"),
             "time_share": _average(steps, "tools/time_share"),
-            "per_step": [[r["step"], r["tools/calls_per_answer"], r.get("tools/ok_share")]
-                         for r in steps]}
+            "per_step": [[r["step"], *(r.get(k) for k in keys)] for r in steps]}
 
 
 def tool_lines(runs: dict) -> list[str]:
     """The report's lines on the tools, for the runs that had them."""
-    rows = [f"| {name} | {t['calls_per_answer']:.2f} | {t['ok_share']:.1%} | "
+    rows = [f"| {name} | {t['calls_per_answer']:.2f} | {t.get('turns_per_answer', 0):.2f} | "
+            f"{t['ok_share']:.1%} | {t.get('recovered', 0):.1%} | "
             f"{t['seconds_per_step']:.2f} s ({t['time_share']:.1%}) |"
             for name, r in runs.items() if (t := r.get("tools"))]
     if not rows:
         return []
-    return ["| run | tool calls per answer | calls without error | a step's rollout in tools |",
-            "|---|---|---|---|", *rows, ""]
+    return ["| run | tool calls per answer | model turns per answer | calls without error | "
+            "answers right after a failed call | a step's rollout in tools |",
+            "|---|---|---|---|---|---|", *rows, ""]
 
 
 def markdown(report: dict) -> str:

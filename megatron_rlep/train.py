@@ -568,18 +568,27 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
     return out
 
 
+def turns(mask) -> int:
+    """The model's turns in an answer: its runs of trained tokens between observations."""
+    return sum(1 for i, kept in enumerate(mask) if kept and (i == 0 or not mask[i - 1]))
+
+
 def _tool_metrics(groups: list[Group], tools_s: float | None, rollout_s: float) -> dict:
-    """With tools: calls per fresh answer, the share of answers that call one, the share of
-    calls that ran without error, observation tokens per answer, and the share of the step's
+    """With tools: calls and model turns per fresh answer, the share of answers that call one,
+    the share of calls that ran without error, the share of answers with a failed call that end
+    right all the same (recovered), observation tokens per answer, and the share of the step's
     rollout spent running calls (this rank's engine's; None on learners whose rollout ranks
     run them)."""
     fresh = [s for g in groups for s in g.samples if not s.replay]
     if not any(s.mask for s in fresh):
         return {}
     calls = [c for s in fresh for c in s.calls]
+    failed = [s for s in fresh if any(c != "ok" for c in s.calls)]
     return {"tools/calls_per_answer": len(calls) / len(fresh),
+            "tools/turns_per_answer": mean_or_none(turns(s.mask) for s in fresh),
             "tools/answers_calling": mean_or_none(bool(s.calls) for s in fresh),
             "tools/ok_share": mean_or_none(c == "ok" for c in calls),
+            "tools/recovered": mean_or_none(s.correct for s in failed),
             "tools/observation_tokens": mean_or_none(len(s.mask) - sum(s.mask) for s in fresh),
             "time/tools_s": tools_s,
             "tools/time_share": tools_s / rollout_s if rollout_s and tools_s is not None else None}

@@ -50,7 +50,11 @@ def mode(kind: str) -> str:
 
 
 def layouts(kind: str) -> dict:
-    """The two-process layouts a family runs (qwen3_moe_raw: only its single-process checks)."""
+    """The two-process layouts a family runs: a light family only those that split its weights
+    (data parallelism is the same code for every family); qwen3_moe_raw only its single-process
+    checks."""
+    if kind in LIGHT:
+        return {name: layout for name, layout in LAYOUTS.items() if name != "dp2"}
     return {"qwen3_moe": MOE_LAYOUTS, "qwen3_moe_raw": {}}.get(kind, LAYOUTS)
 
 

@@ -61,26 +61,30 @@ def test_stage_sizes_follow_the_training_and_heldout_files(tmp_path):
     assert stages["baseline"].count() == stages["pool"].count() == 0
 
 
-def test_the_calculator_demo_gives_its_tools_to_every_stage_and_reports_the_calls(tmp_path):
+def test_the_tool_demos_give_their_tools_to_every_stage_and_report_the_calls(tmp_path):
     from megatron_rlep.config import compose as load
     from megatron_rlep.demo import tool_lines, tool_summary
 
-    cfg = load(["task=calculator"], "demo")
-    train = load(training_overrides(cfg, [], "rlep", tmp_path))
-    assert list(train.rollout.tools) == ["python"] and train.data.train == "calculator"
-    stages = {s.name: s for s in plan(cfg, [], train, tmp_path)}
-    for name in ("pool", "eval-baseline", "eval-rlep"):  # sampled as the runs sample
-        assert "rollout.tools=[python]" in stages[name].argv
-        assert f"rollout.max_turns={train.rollout.max_turns}" in stages[name].argv
+    for task in ("calculator", "chain"):
+        cfg = load([f"task={task}"], "demo")
+        train = load(training_overrides(cfg, [], "rlep", tmp_path))
+        assert list(train.rollout.tools) == ["python"] and train.data.train == task
+        stages = {s.name: s for s in plan(cfg, [], train, tmp_path)}
+        for name in ("pool", "eval-baseline", "eval-rlep"):  # sampled as the runs sample
+            assert "rollout.tools=[python]" in stages[name].argv
+            assert f"rollout.max_turns={train.rollout.max_turns}" in stages[name].argv
     steps = [{"step": 1, "tools/calls_per_answer": 1.0, "tools/ok_share": 0.5,
+              "tools/turns_per_answer": 2.0, "tools/recovered": 0.25,
               "time/tools_s": 0.2, "tools/time_share": 0.01},
              {"step": 2, "tools/calls_per_answer": 0.5, "tools/ok_share": 1.0,
+              "tools/turns_per_answer": 1.5, "tools/recovered": None,
               "time/tools_s": 0.4, "tools/time_share": 0.03}]
     summary = tool_summary(steps)
     assert summary["calls_per_answer"] == 0.75 and summary["ok_share"] == 0.75
-    assert summary["per_step"] == [[1, 1.0, 0.5], [2, 0.5, 1.0]]
+    assert summary["turns_per_answer"] == 1.75 and summary["recovered"] == 0.25
+    assert summary["per_step"] == [[1, 1.0, 0.5, 2.0, 0.25], [2, 0.5, 1.0, 1.5, None]]
     assert tool_lines({"rlep": {"tools": summary}, "baseline": {}})[2] == \
-        "| rlep | 0.75 | 75.0% | 0.30 s (2.0%) |"
+        "| rlep | 0.75 | 1.75 | 75.0% | 25.0% | 0.30 s (2.0%) |"
 
 
 def test_a_given_pool_replaces_the_pool_stage_and_must_be_a_finished_pool(tmp_path):

@@ -382,3 +382,26 @@ def test_a_program_s_output_before_its_time_out_is_kept():
     box = Toolbox(["python"], timeout_s=1.0)
     (result,) = box.run([("python", "print('step 1 done')\nimport time\ntime.sleep(30)")])
     assert result.status == "timeout" and result.output.startswith("step 1 done\nTimeoutError")
+
+
+def test_the_steps_tool_metrics_count_turns_failed_calls_and_recoveries():
+    from megatron_rlep.data import Example
+    from megatron_rlep.groups import Group
+    from megatron_rlep.train import _tool_metrics, turns
+
+    def answer(mask, calls, correct, replay=False):
+        return Sample((1,) * len(mask), "", replay, True, correct=correct,
+                      mask=tuple(bool(m) for m in mask), calls=calls)
+
+    assert turns([1, 1, 0, 0, 1, 0, 1, 1]) == 3 and turns([0, 1]) == 1 and turns([]) == 0
+    samples = [answer([1, 1, 0, 1], ("error",), True),           # failed, then right: recovered
+               answer([1, 0, 1, 0, 1], ("error", "ok"), False),  # failed, fixed, still wrong
+               answer([1, 0, 1], ("ok",), True),
+               answer([1, 1], (), False),
+               answer([1, 0, 1], ("error",), False, replay=True)]  # replays are not counted
+    group = Group(Example("q", ({"role": "user", "content": "q"},), "1", "t"), (1,), [], 4, samples)
+    got = _tool_metrics([group], 0.5, 2.0)
+    assert got["tools/calls_per_answer"] == 4 / 4 and got["tools/turns_per_answer"] == 8 / 4
+    assert got["tools/ok_share"] == 2 / 4 and got["tools/answers_calling"] == 3 / 4
+    assert got["tools/recovered"] == 1 / 2 and got["tools/time_share"] == 0.25
+    assert got["tools/observation_tokens"] == (1 + 2 + 1 + 0) / 4

@@ -1,6 +1,7 @@
 """The built-in tasks, sized for the built-in model: ``arithmetic`` (integer answers in the DAPO
-template, checked by the math rule), ``code`` (short Python functions checked by unit tests in
-the sandbox) and ``logic`` (puzzles whose answer a program checks). Each task module makes
+template, checked by the math rule), ``calculator`` and ``chain`` (the same, for runs with a
+Python tool), ``code`` (short Python functions checked by unit tests in the sandbox) and
+``logic`` (puzzles whose answer a program checks). Each task module makes
 examples (``examples(split, levels, n, seed)``) and says how its answers are scored
 (``VERIFIER``: the ``verifier`` settings a run on it takes); none scores anything itself but
 the logic task's checker, a reward function in verl's signature. The data loader resolves
@@ -12,7 +13,7 @@ import hashlib
 import random
 from importlib import import_module
 
-BUILTIN = ("arithmetic", "calculator", "code", "logic")
+BUILTIN = ("arithmetic", "calculator", "chain", "code", "logic")
 TEST_BUCKETS = 8  # one bucket of eight is the test split
 
 
