@@ -380,20 +380,23 @@ def make_report(cfg: DemoConfig, extra: list[str], train: Config, out: Path,
     return report
 
 
+# what a tool run logs each step (train._tool_metrics), in the order of the by-step columns
+TOOL_STEP_KEYS = ("tools/calls_per_answer", "tools/ok_share", "tools/turns_per_answer",
+                  "tools/recovered")
+
+
 def tool_summary(steps: list[dict]) -> dict:
     """A tool run's calls over its steps (``train._tool_metrics``): calls and model turns per
     answer, the share of calls that ran without error, the share of answers with a failed call
     that ended right (recovered), and the seconds and share of each step's rollout spent running
     them; by step: [step, calls, without error, turns, recovered]."""
-    keys = ("tools/calls_per_answer", "tools/ok_share", "tools/turns_per_answer",
-            "tools/recovered")
     return {"calls_per_answer": _average(steps, "tools/calls_per_answer"),
             "ok_share": _average(steps, "tools/ok_share"),
             "turns_per_answer": _average(steps, "tools/turns_per_answer"),
             "recovered": _average(steps, "tools/recovered"),
             "seconds_per_step": _average(steps, "time/tools_s"),
             "time_share": _average(steps, "tools/time_share"),
-            "per_step": [[r["step"], *(r.get(k) for k in keys)] for r in steps]}
+            "per_step": [[r["step"], *(r.get(k) for k in TOOL_STEP_KEYS)] for r in steps]}
 
 
 def tool_lines(runs: dict) -> list[str]:

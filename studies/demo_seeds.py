@@ -66,7 +66,10 @@ def tool_row(out: Path) -> dict | None:
     """A seed's runs with tools as their steps logged them (``train._tool_metrics``): the
     held-out curve, calls per answer at step 1 and over the run, the share of calls without
     error, and the seconds and share of a step's rollout in tools (medians over the steps
-    without validation, whose calls earlier commits counted in). None for a run without tools."""
+    without validation, whose calls earlier commits counted in); by step, ``TOOL_STEP_KEYS``.
+    None for a run without tools."""
+    from megatron_rlep.demo import TOOL_STEP_KEYS
+
     report, runs = json.loads((out / "report.json").read_text()), {}
     for run in ("baseline", "rlep"):
         log = out / run / "metrics.jsonl"
@@ -83,7 +86,7 @@ def tool_row(out: Path) -> dict | None:
                                                   if r.get("tools/ok_share") is not None),
                      "tools_s": statistics.median(r["time/tools_s"] for r in plain),
                      "time_share": statistics.median(r["tools/time_share"] for r in plain),
-                     "per_step": [[r["step"], r["tools/calls_per_answer"], r.get("tools/ok_share")]
+                     "per_step": [[r["step"], *(r.get(k) for k in TOOL_STEP_KEYS)]
                                   for r in steps]}
     return runs
 
@@ -110,19 +113,21 @@ def tools_markdown(rows: list[dict]) -> str:
 
 
 def steps_markdown(rows: list[dict], every: int = 4) -> str:
-    """Calls per answer and the share without error at step 1 and every ``every`` steps, the
-    means over seeds (of the seeds that logged a share at that step)."""
+    """At step 1 and every ``every`` steps, the means over seeds (of the seeds that logged each
+    at that step): calls per answer, the share of calls without error, the model's turns per
+    answer, and the share of answers with a failed call that ended right (recovered)."""
     steps = _steps(rows, every)
     lines = ["| run | " + " | ".join(f"step {k}" for k in steps) + " |",
              "|" + "---|" * (1 + len(steps))]
+    shown = (("{:.2f} calls", 0), ("{:.1%} without error", 1), ("{:.2f} turns", 2),
+             ("{:.1%} recovered", 3))
     for run in rows[0][1]:
         cells = []
         for k in steps:
             at = [dict((x[0], x[1:]) for x in runs[run]["per_step"]).get(k) for _, runs in rows]
-            calls = [a[0] for a in at if a]
-            ok = [a[1] for a in at if a and a[1] is not None]
-            share = f", {statistics.fmean(ok):.1%} without error" if ok else ""
-            cells.append(f"{statistics.fmean(calls):.2f} calls{share}" if calls else "-")
+            parts = [form.format(statistics.fmean(values)) for form, i in shown
+                     if (values := [a[i] for a in at if a and len(a) > i and a[i] is not None])]
+            cells.append(", ".join(parts) or "-")
         lines.append(f"| {run} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

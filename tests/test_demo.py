@@ -307,6 +307,7 @@ def test_seed_study_tabulates_the_calls_of_runs_with_tools(tmp_path):
             (out / name).mkdir(parents=True)
             steps = [{"step": 0, "val/acc": 0.25},
                      {"step": 1, "tools/calls_per_answer": calls, "tools/ok_share": None,
+                      "tools/turns_per_answer": 1 + calls, "tools/recovered": None,
                       "time/tools_s": 0.5, "tools/time_share": 0.05},
                      {"step": 2, "tools/calls_per_answer": 1.0, "tools/ok_share": 0.8,
                       "time/tools_s": 6.0, "tools/time_share": 0.6, "val/acc": 0.5},
@@ -332,8 +333,9 @@ def test_seed_study_tabulates_the_calls_of_runs_with_tools(tmp_path):
     # the means over the two seeds: curves 0.25 / (0.5 + 0.75) / 2, calls at step 1 0.75
     assert "| mean of 2 | rlep | 0.250 / 0.625 | 0.75; 0.92 | 90.0% | 1.00 s (10.0%) |" \
         in done.stdout
-    # by step (every 4: step 1 only here): calls 0.75; no seed logged a share without error
-    assert "| rlep | 0.75 calls |" in done.stdout
+    # by step (every 4: step 1 only here): calls 0.75, turns 1.75; no seed logged a share
+    # without error or a recovery
+    assert "| rlep | 0.75 calls, 1.75 turns |" in done.stdout
 
 
 def test_seed_study_compares_rlep_with_the_compute_matched_control(tmp_path):
