@@ -393,16 +393,22 @@ def tool_summary(steps: list[dict]) -> dict:
     return {"calls_per_answer": _average(steps, "tools/calls_per_answer"),
             "ok_share": _average(steps, "tools/ok_share"),
             "turns_per_answer": _average(steps, "tools/turns_per_answer"),
-            "recovered": _average(steps, "tools/recovered"),
+            # None where no step had a failed call
+            "recovered": _average(steps, "tools/recovered") if any(
+                r.get("tools/recovered") is not None for r in steps) else None,
             "seconds_per_step": _average(steps, "time/tools_s"),
             "time_share": _average(steps, "tools/time_share"),
             "per_step": [[r["step"], *(r.get(k) for k in TOOL_STEP_KEYS)] for r in steps]}
 
 
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def tool_lines(runs: dict) -> list[str]:
     """The report's lines on the tools, for the runs that had them."""
     rows = [f"| {name} | {t['calls_per_answer']:.2f} | {t.get('turns_per_answer', 0):.2f} | "
-            f"{t['ok_share']:.1%} | {t.get('recovered', 0):.1%} | "
+            f"{t['ok_share']:.1%} | {_share(t.get('recovered'))} | "
             f"{t['seconds_per_step']:.2f} s ({t['time_share']:.1%}) |"
             for name, r in runs.items() if (t := r.get("tools"))]
     if not rows:

@@ -85,6 +85,9 @@ def test_the_tool_demos_give_their_tools_to_every_stage_and_report_the_calls(tmp
     assert summary["per_step"] == [[1, 1.0, 0.5, 2.0, 0.25], [2, 0.5, 1.0, 1.5, None]]
     assert tool_lines({"rlep": {"tools": summary}, "baseline": {}})[2] == \
         "| rlep | 0.75 | 1.75 | 75.0% | 25.0% | 0.30 s (2.0%) |"
+    # no failed call in any step: no share of recoveries to show
+    calm = tool_summary([{**r, "tools/recovered": None} for r in steps])
+    assert calm["recovered"] is None and "| 75.0% | - |" in tool_lines({"rlep": {"tools": calm}})[2]
 
 
 def test_a_given_pool_replaces_the_pool_stage_and_must_be_a_finished_pool(tmp_path):
