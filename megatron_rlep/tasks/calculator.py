@@ -15,30 +15,41 @@ from megatron_rlep.tasks import distinct
 
 SHOWS_TOOL_CALL = True  # its prompt shows a call in the run's format (``rollout.tool_format``)
 ANSWER = "Put the final answer on its own line after \"Answer:\"."
+# the system turn of a tool task's prompt, in each rollout.tool_format
+SYSTEM = {"fence": "Solve the problem. You can run Python: write a ```python block and its "
+                   f"output follows. {ANSWER}",
+          "chat": f"Solve the problem. You can run Python with the python tool. {ANSWER}"}
+
+
+def fenced_call(code: str, output: str) -> str:
+    """A call and its output as the fenced format writes them (rollout/tools.py)."""
+    return f"```python\n{code}\n```\n```output\n{output}\n```\n"
+
+
+def chat_call(code: str, output: str) -> tuple:
+    """A call and its tool message in the chat template's format (rollout/chat_tools.py)."""
+    return ({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "python", "arguments": {"code": code}}}]},
+            {"role": "tool", "name": "python", "content": output})
+
+
 DEMONSTRATION = (
-    {"role": "system", "content": "Solve the problem. You can run Python: write a ```python "
-                                  f"block and its output follows. {ANSWER}"},
+    {"role": "system", "content": SYSTEM["fence"]},
     {"role": "user", "content": "Compute $4821 \\times 37$."},
-    {"role": "assistant", "content": "```python\nprint(4821 * 37)\n```\n```output\n178377\n```\n"
-                                     "Answer: 178377"},
+    {"role": "assistant", "content": fenced_call("print(4821 * 37)", "178377") + "Answer: 178377"},
 )
 
 
 def chat_example(expression: str, code: str, result: str) -> tuple:
-    """A worked example in the chat template's format (rollout/chat_tools.py): a call, its tool
-    message, the answer."""
-    return ({"role": "user", "content": f"Compute ${expression}$."},
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-                "name": "python", "arguments": {"code": code}}}]},
-            {"role": "tool", "name": "python", "content": result},
+    """A worked example in the chat template's format: a call, its tool message, the answer."""
+    return ({"role": "user", "content": f"Compute ${expression}$."}, *chat_call(code, result),
             {"role": "assistant", "content": f"Answer: {result}"})
 
 
 # two worked examples: after one, the built-in model starts "<tool_" and goes on "response",
 # writing the result itself, far more often than "call" (docs/tools.md)
 CHAT_DEMONSTRATION = (
-    {"role": "system", "content": f"Solve the problem. You can run Python with the python tool. "
-                                  f"{ANSWER}"},
+    {"role": "system", "content": SYSTEM["chat"]},
     *chat_example("4821 \\times 37", "print(4821 * 37)", "178377"),
     *chat_example("352 \\times 418 + 77", "print(352 * 418 + 77)", "147213"))
 

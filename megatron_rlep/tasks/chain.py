@@ -5,15 +5,16 @@ The tool helps but does not finish the job: an answer computes the product, read
 back and takes the further step, in its head (level 1: times ten; level 2: plus one) or in a
 second call that starts from the number it read (level 3: minus a four-digit number; level 4:
 the sum of its digits). Each prompt shows worked examples of its own level (the built-in model
-copies the steps it sees, and takes none it was not shown). Answers are integers, checked by the math rule as in
-``arithmetic``; the splits are disjoint in the same way (``tasks.split_of``).
+copies the steps it sees, and takes none it was not shown). Answers are integers, checked by
+the math rule as in ``arithmetic``; the splits are disjoint in the same way
+(``tasks.split_of``).
 """
 
 from __future__ import annotations
 
 from megatron_rlep.example import Example
 from megatron_rlep.tasks import distinct
-from megatron_rlep.tasks.calculator import ANSWER
+from megatron_rlep.tasks.calculator import SYSTEM, chat_call, fenced_call
 
 SHOWS_TOOL_CALL = True  # its prompt shows calls in the run's format (``rollout.tool_format``)
 STEPS = {1: "multiply the result by $10$", 2: "add $1$ to the result",
@@ -21,9 +22,6 @@ STEPS = {1: "multiply the result by $10$", 2: "add $1$ to the result",
 # the worked examples' numbers: the fenced prompt shows the first, the chat prompt both (after
 # one, the built-in model rarely calls in the chat format: docs/tools.md)
 EXAMPLES = ((4821, 37, 1234), (6359, 24, 2718))
-SYSTEM = {"fence": "Solve the problem. You can run Python: write a ```python block and its "
-                   f"output follows. {ANSWER}",
-          "chat": f"Solve the problem. You can run Python with the python tool. {ANSWER}"}
 
 
 def question(a: int, b: int, level: int, c: int | None = None) -> str:
@@ -57,16 +55,11 @@ def demonstration(level: int, tool_format: str = "fence") -> tuple:
         problem, calls, result = worked(level, *numbers)
         shown.append({"role": "user", "content": problem})
         if tool_format == "chat":
-            for code, out in calls:
-                shown += [{"role": "assistant", "content": "", "tool_calls": [{
-                              "type": "function", "function": {"name": "python",
-                                                               "arguments": {"code": code}}}]},
-                          {"role": "tool", "name": "python", "content": out}]
+            shown += [m for code, out in calls for m in chat_call(code, out)]
             shown.append({"role": "assistant", "content": f"Answer: {result}"})
         else:
             shown.append({"role": "assistant", "content": "".join(
-                f"```python\n{code}\n```\n```output\n{out}\n```\n" for code, out in calls) +
-                f"Answer: {result}"})
+                fenced_call(code, out) for code, out in calls) + f"Answer: {result}"})
     return ({"role": "system", "content": SYSTEM[tool_format]}, *shown)
 
 
