@@ -1,8 +1,8 @@
 """Pass rate of the built-in model on each level of a built-in task (test split).
 
-    python studies/task_levels.py [--task arithmetic|calculator|chain|code|logic] [--questions 32] \
-        [--samples 4] [--max-tokens 64] [--engine auto|vllm|transformers] [--json FILE] \
-        [--tool-format fence|chat|none] [--max-turns 2]
+    python studies/task_levels.py [--task arithmetic|calculator|chain|code|logic] \
+        [--questions 32] [--samples 4] [--max-tokens 64] [--engine auto|vllm|transformers] \
+        [--json FILE] [--tool-format fence|chat|none] [--max-turns 2]
 
 Samples at temperature 1.0, top-p 1.0 with the rollout engine (``auto``: vLLM where it imports),
 scores with the task's own rule (``megatron_rlep/tasks/<task>.py``: the DAPO rule, the code
@@ -68,8 +68,9 @@ def main():
         rate = sum(verdicts) / len(verdicts)
         stderr = math.sqrt(rate * (1 - rate) / len(verdicts))
         answers = [c for group in groups for c in group]
-        calls = sum(len(c.calls) for c in answers) / len(verdicts)
-        failed = [s for c in answers for s in c.calls if s != "ok"]
+        n_calls = sum(len(c.calls) for c in answers)
+        calls = n_calls / len(verdicts)
+        failed_share = sum(s != "ok" for c in answers for s in c.calls) / max(1, n_calls)
         # answers with a failed call, and how many of them end right all the same
         hit = [v for c, v in zip(answers, verdicts) if any(s != "ok" for s in c.calls)]
         seconds = time.time() - start
@@ -77,10 +78,10 @@ def main():
         rows.append(dict(level=level, example=problem, pass_rate=rate, stderr=stderr,
                          samples=len(verdicts), calls_per_answer=calls, seconds=seconds,
                          failures=sum(s.status != "ok" for s in scores),
-                         failed_call_share=len(failed) / max(1, calls * len(verdicts)),
+                         failed_call_share=failed_share,
                          answers_with_failed_call=len(hit), recovered=sum(hit)))
         print(f"| {level} | {problem} | {rate:.1%} | {stderr:.1%} | {len(verdicts)} | "
-              f"{calls:.2f} | {len(failed) / max(1, calls * len(verdicts)):.0%} | "
+              f"{calls:.2f} | {failed_share:.0%} | "
               f"{sum(hit)}/{len(hit)} | {seconds:.0f} |", flush=True)
     scorer.close()
     with open(args.json or f"{args.task}_levels.json", "w") as f:
