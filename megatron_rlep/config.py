@@ -325,6 +325,13 @@ class ParallelConfig:
 
 
 @dataclass
+class ActorConfig:
+    # a mixture-of-experts model's routes (megatron_rlep/actor/routing.py): none | actor (R2:
+    # the update's passes send each token to the experts the old-log-prob pass chose)
+    routing_replay: str = one_of("none", "actor", default="none")
+
+
+@dataclass
 class LoggingConfig:
     wandb: str = one_of("online", "offline", "disabled", default="offline")
     project: str = "megatron_rlep"
@@ -412,6 +419,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -563,7 +571,7 @@ _register_schema()
 _SECTIONS = {cls.__name__: cls for cls in (ModelConfig, DataConfig, AlgorithmConfig,
                                            ReplayConfig, CorrectionConfig,
                                            RolloutConfig, ValidationConfig, ParallelConfig,
-                                           LoggingConfig, VerifierConfig, CodeSandboxConfig,
+                                           ActorConfig, LoggingConfig, VerifierConfig, CodeSandboxConfig,
                                            SandboxConfig)}
 
 

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rlep import correction, host_memory, metrics, platform, rundir, tasks
+from megatron_rlep.actor import routing
 from megatron_rlep.actor.actor import Actor
 from megatron_rlep.actor.batch import SequenceBatch
 from megatron_rlep.builtin_model import resolve_model_path
@@ -142,8 +143,13 @@ class Trainer:
         self.actor = Actor(cfg.model.path, a, dtype=cfg.model.dtype, temperature=r.temperature,
                            seed=cfg.seed, transformer_impl=cfg.model.transformer_impl,
                            router_aux_loss=a.router_aux_loss,
+                           routing_replay=cfg.actor.routing_replay,
                            **{k: v for k, v in asdict(cfg.parallel).items()
                               if k != "offload_during_rollout"})  # the trainer's to do
+        if self.actor.routes and is_rank0():
+            print("MoE routing replay: actor.routing_replay=actor (R2), each update's pass sends "
+                  "a token to the experts of the step's first pass over it (the old log-probs' "
+                  "or the first update's); the routers still train", flush=True)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
@@ -236,9 +242,17 @@ class Trainer:
         if a.old_logp == "rollout":
             old = correction.engine_old_logp(samples, later)
             later = [i for i in later if old[i] is None]
-        if later:
-            for i, logp in zip(later, self.actor.logprobs(_subset(batch, later))[0]):
-                old[i] = logp
+        # MoE routing replay (R2): a mini-batch's passes after its first route as that one did;
+        # the actor keeps the routes of its own micro-batches, so each mini-batch's old log-probs
+        # come from a pass over those same micro-batches
+        replay, waiting = bool(self.actor.routes), set(later)
+        passes = [[i for i in index if i in waiting] for index in minis] if replay else [later]
+        for n, index in enumerate(passes):
+            if index:
+                key = n if replay and index == minis[n] else None
+                for i, logp in zip(index, self.actor.logprobs(_subset(batch, index),
+                                                              routes=key)[0]):
+                    old[i] = logp
         batch.old_logp = old
         seen = correction.model_tokens(samples, old)  # what the corrections compare
         c = a.correction
@@ -252,11 +266,11 @@ class Trainer:
         batch.tags = correction.token_tags(samples, self.step)
         results = []
         for _ in range(a.epochs):
-            for index in minis:
+            for n, index in enumerate(minis):
                 sub = _subset(batch, index)
                 if sub.old_logp[0] is None:  # fused: the actor's own forward gives them
                     sub.old_logp = None
-                results.append(self.actor.train_step(sub))
+                results.append(self.actor.train_step(sub, routes=n if replay else None))
                 if sub.old_logp is None:
                     for i, logp in zip(index, self.actor.fused_old_logp):
                         batch.old_logp[i] = logp
@@ -265,6 +279,7 @@ class Trainer:
                     break
             if self.too_many_skipped():
                 break
+        self.actor.forget_routes()
         mismatch = rollout_mismatch(*correction.model_parts(samples, batch.old_logp))
         mismatch.update(corrected)
         mismatch.update(correction.lag_metrics(seen, batch.old_logp, self.step,
@@ -561,6 +576,10 @@ def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:
     for key in ("loss", "clip_fraction", "dual_clip_fraction", "entropy", "grad_norm", "lr"):
         out[f"actor/{key}"] = mean_or_none(u[key] for u in applied)
     out["actor/skipped_updates"] = len(updates) - len(applied)  # non-finite gradients
+    counts = [u["route_counts"] for u in updates if u["route_counts"] is not None]
+    if counts:  # MoE routing replay: the routers' own choices against the routes given
+        out.update(routing.agreement(sum(counts)))
+        out["moe/router_grad_norm"] = mean_or_none(u["router_grad_norm"] for u in applied)
     tokens = sum(u["tokens"] for u in updates)
     out["perf/update_tokens_per_s"] = tokens / update_s if update_s > 0 else None
     out["perf/rollout_tokens_per_s"] = sum(len(s.response_ids) for s in fresh) / rollout_s \

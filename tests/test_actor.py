@@ -75,16 +75,20 @@ def families(tmp_path_factory):
         ("make", root / kind / "model", kind, tied),
         ("step", root / kind / "model", 1, 1, root / kind / "single", 1, mode(kind)))],
                      ("offload", root / "llama" / "model"),
-                     ("resume", root / "llama" / "model", root / "llama" / "dopt1")))
+                     ("resume", root / "llama" / "model", root / "llama" / "dopt1"),
+                     ("routes", root / "qwen3_moe" / "model", 1, 1, 1, root / "routes-single.json")))
     assert out.count("OK step tp=1 pp=1") == len(FAMILIES) and "OK offload" in out, out
+    assert "OK routes" in out, out
     assert "OK resume dp=1" in out, out
     out = run(*chain(*[("step", root / kind / "model", *layouts(kind)[name][:2], root / kind / name,
                         layouts(kind)[name][2], mode(kind)) for kind, name in PAIRS],
                      ("resume", root / "llama" / "model", root / "llama" / "dopt2"),
                      *[("export", root / "qwen3_moe" / "model", tp, 2, root / f"export-tp{tp}.json")
-                       for tp in (1, 2)]), nproc=2)
+                       for tp in (1, 2)],
+                     *[("routes", root / "qwen3_moe" / "model", *MOE_LAYOUTS[name],
+                        root / f"routes-{name}.json") for name in MOE_LAYOUTS]), nproc=2)
     assert out.count("OK step") == len(PAIRS) and "OK resume dp=2" in out, out
-    assert out.count("OK export") == 2, out
+    assert out.count("OK export") == 2 and out.count("OK routes") == len(MOE_LAYOUTS), out
     loaded = run(*chain(*[("load", root / kind / "model", *(root / kind / n for n in layouts(kind)))
                           for kind in FAMILIES if layouts(kind)]))
     return root, loaded
@@ -149,6 +153,24 @@ def test_a_moe_export_at_expert_parallel_2_comes_layer_by_layer(families, tp):
     assert layers == sorted(layers) and len(set(layers)) == 4, out["order"]
     assert out["held_at_end"] == 0
     assert out["peak"] <= max(out["layer_bytes"].values()), out
+
+
+@pytest.mark.parametrize("layout", [*MOE_LAYOUTS, "pack", "share"])
+def test_routing_replay_gives_the_single_process_numbers_on_every_moe_layout(families, layout):
+    """actor_cpu.py routes asserted on each layout (and in one process with packed sequences and
+    with shared prompts) that the recorded routes are transformers' own, that given back they are
+    the routes used with the routers negated, with transformers' log-probs under those experts
+    forced, and that the routers still get a gradient; here the replayed log-probs, the update
+    and the log-probs after it equal those of the plain single process."""
+    single = json.loads((families[0] / "routes-single.json").read_text())
+    run = single[layout] if layout in single else \
+        json.loads((families[0] / f"routes-{layout}.json").read_text())["plain"]
+    for key in ("replayed", "after"):
+        for a, b in zip(single["plain"][key], run[key], strict=True):
+            assert a == pytest.approx(b, abs=1e-4), key
+    for key in ("loss", "grad_norm", "router_grad_norm"):
+        assert run[key] == pytest.approx(single["plain"][key], rel=1e-5), key
+    assert run["router_grad_norm"] > 1e-6
 
 
 def test_checkpoints_load_on_another_layout(runs, families):

@@ -98,6 +98,15 @@ def test_moe_terms_by_hand():
     # per token and layer: norms 4h = 16, q/k/v/out 2h + 2k = 12, MLP: 2 experts x (3 x 3 FFN
     # + 3 x 4 dispatcher copies) + 2 x 4 router probabilities (fp32) = 50; 2 bytes each
     assert r["activations"] == 2 * (16 + 12 + 50) * 2 * 10
+    assert r["routes"] == 0 and "routes" not in dict(memory_plan.table(r))
+    # routing replay: a byte per token, layer of the stage and expert a token, a TP 2 rank's
+    # half of the tokens under sequence parallelism
+    kept = memory_plan.plan(arch, tp=2, pp=2, dp=2, tokens=10, response_tokens=6, ep=2,
+                            sequence_parallel=True, route_tokens=100)
+    assert kept["routes"] == 100 / 2 * 1 * 2 and "routes" in dict(memory_plan.table(kept))
+    assert kept["update_peak"] - memory_plan.plan(
+        arch, tp=2, pp=2, dp=2, tokens=10, response_tokens=6, ep=2,
+        sequence_parallel=True)["update_peak"] == kept["routes"]
 
 
 def test_a_moe_preset_gets_a_layout_that_fits_two_nodes():

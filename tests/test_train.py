@@ -464,11 +464,17 @@ def family_models(tmp_path_factory):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("family, layout", [
-    ("llama3", []), ("qwen2", []), ("qwen3", []), ("qwen3_moe", ["parallel.expert_parallel=2"])])
+    ("llama3", []), ("qwen2", []), ("qwen3", []),
+    ("qwen3_moe", ["parallel.expert_parallel=2", "actor.routing_replay=actor",
+                   "algorithm.lr=0"])])
 def test_each_model_family_takes_rlep_steps(assets, family_models, tmp_path, family, layout):
     """A step with replays per family: the dense ones on vLLM (its log-probs after the weight
     sync equal the actor's), Qwen3-MoE with its experts over two ranks on the transformers
-    engine (auto picks it: vLLM's CPU backend reloads MoE weights inexactly)."""
+    engine (auto picks it: vLLM's CPU backend reloads MoE weights inexactly) and its routes
+    replayed (R2). Its learning rate is 0, so the second update's routers see the weights of the
+    old-log-prob pass and must choose, token for token, the routes replayed to them: 100% by
+    layer (a route put on another token agrees by chance with 1 in 6: 2 experts of 4), and they
+    still get a gradient."""
     model = family_models[family]
     result = train((model, assets[1]), tmp_path / "run", *layout, nproc=2 if layout else 1,
                    steps=1, engine="vllm" if not layout else "auto")
@@ -476,6 +482,11 @@ def test_each_model_family_takes_rlep_steps(assets, family_models, tmp_path, fam
     if layout:
         assert "using the transformers engine: vLLM's CPU backend reloads a mixture-of-experts" \
             in result.stdout
+        assert "MoE routing replay: actor.routing_replay=actor (R2)" in result.stdout
+        line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+        layers = [line[f"moe/route_agreement_l{i}"] for i in range(2)]
+        assert layers == [1.0, 1.0], line
+        assert line["moe/router_grad_norm"] > 0
 
 
 def test_vllm_for_training_a_moe_model_on_a_cpu_stops_in_one_sentence(family_models):

@@ -146,11 +146,14 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
          distributed_optimizer: bool = True,
          bf16_grads: bool = False, logprob_chunk: int = 0, vllm_utilization: float = 0.0,
          gpu_bytes: float = H100_80GB * GIB, rollout_tp: int = 1, nvls: bool = False,
-         offload: bool = False, ep: int = 1) -> dict:
+         offload: bool = False, ep: int = 1, route_tokens: int = 0) -> dict:
     """Bytes per GPU of each term (the first pipeline stage, which holds the embedding and, with
     1F1B, pp micro-batches in flight), and the rollout and update peaks. A MoE model's experts
     are whole on their rank (expert TP 1): ``experts/ep`` of them a layer, their optimizer state
-    divided over the expert data-parallel ranks (tp x dp / ep)."""
+    divided over the expert data-parallel ranks (tp x dp / ep). ``route_tokens``: the step's
+    tokens a rank trains when MoE routing replay keeps their routes (actor.routing_replay): a
+    byte per token, layer of its stage and expert a token (two above 128 experts), sliced by
+    sequence parallelism, held through the update."""
     h, f = arch.hidden, arch.ffn
     k = arch.kv_heads * arch.head_dim
     embed = arch.vocab * h
@@ -184,6 +187,7 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
         "activations": kept * tokens * in_flight,
         "logits": rows * arch.vocab / tp * LOGIT_BYTES if output_layer else 0.0,
         "output_wgrad": arch.vocab / tp * h * 4 if output_layer else 0.0,
+        "routes": route_tokens / sp * layers * arch.topk * (1 if arch.experts <= 128 else 2),
         "cuda_context": CUDA_CONTEXT,
         "nccl": NCCL_NVLS if nvls else NCCL,
         "fragmentation": FRAGMENTATION,
@@ -195,7 +199,7 @@ def plan(arch: Arch, tp: int, pp: int, dp: int, tokens: int, response_tokens: in
     resident = static - (terms["gradients"] + terms["optimizer"] if offload else 0.0)
     rollout_peak = resident + vllm_rollout
     update_peak = static + terms["activations"] + terms["logits"] + terms["output_wgrad"] + \
-        (VLLM_ASLEEP if vllm_utilization else 0)
+        terms["routes"] + (VLLM_ASLEEP if vllm_utilization else 0)
     return {**terms, **vllm, "vllm_asleep": VLLM_ASLEEP if vllm_utilization else 0.0,
             # vLLM's start-up check: this much must be free when the engine starts
             "vllm_startup_free": gpu_bytes - resident,
@@ -325,10 +329,12 @@ def fitting_layout(arch: Arch, world: int, gpus_per_node: int, longest: int,
 
 
 COLOCATED_ROWS = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
-                  "cuda_context", "nccl", "fragmentation", "vllm_rollout", "vllm_weights",
-                  "vllm_reserve", "vllm_kv_cache", "vllm_asleep", "rollout_peak", "update_peak"]
+                  "routes", "cuda_context", "nccl", "fragmentation", "vllm_rollout",
+                  "vllm_weights", "vllm_reserve", "vllm_kv_cache", "vllm_asleep", "rollout_peak",
+                  "update_peak"]
 LEARNER_ROWS = ["weights", "gradients", "optimizer", "activations", "logits", "output_wgrad",
-                "cuda_context", "nccl", "fragmentation", "export", "update_peak", "export_peak"]
+                "routes", "cuda_context", "nccl", "fragmentation", "export", "update_peak",
+                "export_peak"]
 ROLLOUT_ROWS = ["vllm_rollout", "vllm_weights", "vllm_reserve", "vllm_kv_cache", "weight_bucket",
                 "cuda_context", "nccl", "peak"]
 NO_KV_CACHE = ("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence in its share; "
@@ -336,7 +342,8 @@ NO_KV_CACHE = ("DOES NOT FIT: vLLM's weights leave no KV cache for one sequence 
 
 
 def table(result: dict, order: list[str] = COLOCATED_ROWS) -> list[tuple[str, float]]:
-    return [(name, result[name] / GIB) for name in order]
+    """The terms in ``order``, routes only where kept (actor.routing_replay)."""
+    return [(name, result[name] / GIB) for name in order if name != "routes" or result[name]]
 
 
 def show(rows: list[tuple[str, float]], markdown: bool) -> None:
@@ -439,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     if p.max_tokens_per_micro_batch:
         tokens = max(longest, min(tokens, p.max_tokens_per_micro_batch))
     response = tokens * r.max_response_length // longest
+    a = cfg.algorithm
+    routed = cfg.actor.routing_replay != "none"  # every sequence of the step at its longest
+    route_tokens = a.prompts_per_rollout * (a.rollouts_per_prompt + a.replay_per_prompt) * \
+        longest // dp if routed else 0
     arch = arch_for(cfg.model.path, args.arch)
     vllm = r.gpu_memory_utilization if r.engine != "transformers" else 0.0
     settings = dict(tokens=tokens, response_tokens=response, bf16_grads=p.bf16_grads,
@@ -448,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                  distributed_optimizer=dp > 1 if p.distributed_optimizer is None
                  else p.distributed_optimizer,
                  logprob_chunk=p.logprob_chunk_tokens, rollout_tp=r.tensor_parallel,
-                 offload=p.offload_during_rollout, ep=p.expert_parallel, **settings)
+                 offload=p.offload_during_rollout, ep=p.expert_parallel,
+                 route_tokens=route_tokens, **settings)
     moe = (f" ({arch.experts} experts, {arch.topk} a token, ep={p.expert_parallel})"
            if arch.experts else "")
     layout = f"tp={p.tensor_parallel} pp={p.pipeline_parallel} dp={dp}"

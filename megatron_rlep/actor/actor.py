@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint as checkpoint_function
 
 from megatron_rlep import correction, platform
 from megatron_rlep import loss as objective
-from megatron_rlep.actor import attention, checkpoint, hf, optim
+from megatron_rlep.actor import attention, checkpoint, hf, optim, routing
 from megatron_rlep.actor.batch import (SequenceBatch, collate, collate_packed, collate_shared,
                                        dp_slice, idle, loss_positions, micro_batches,
                                        packed_tokens, prompt_groups, shared_micro_batches,
@@ -48,6 +48,22 @@ def sequence_parallel_problem(sequence_parallel: bool, transformer_engine: bool,
                 "(Megatron-Core's local norms refuse it) and they are not in use here: install "
                 "the gpu extra's transformer-engine, or set parallel.sequence_parallel=false "
                 "(tools/memory_plan.py shows what that costs)")
+    return None
+
+
+def routing_problem(routing_replay: str, hf_config, pipeline_parallel: int,
+                    recompute: str) -> str | None:
+    """Why ``actor.routing_replay`` cannot run with this model and layout, or None."""
+    if routing_replay == "none":
+        return None
+    if not getattr(hf_config, "num_experts", None):
+        return (f"actor.routing_replay={routing_replay} replays a mixture-of-experts model's "
+                f"routes and this {hf_config.model_type} model has no router: set "
+                "actor.routing_replay=none")
+    if pipeline_parallel > 1 and recompute == "full":
+        return ("actor.routing_replay with parallel.recompute=full under pipeline parallelism "
+                "would recompute a layer after another micro-batch's routes were set: set "
+                "parallel.recompute=selective or none, or parallel.pipeline_parallel=1")
     return None
 
 
@@ -102,7 +118,8 @@ class Actor:
                  bf16_grads: bool = False, logprob_chunk_tokens: int = 0,
                  sequence_parallel: bool = False, share_prompts: bool = False,
                  pack_sequences: bool = False, expert_parallel: int = 1,
-                 router_aux_loss: float = 0.0, distributed_optimizer: bool | None = None):
+                 router_aux_loss: float = 0.0, distributed_optimizer: bool | None = None,
+                 routing_replay: str = "none"):
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -136,6 +153,17 @@ class Actor:
         except hf.ModelError as err:
             raise RunError(f"model.path={model_path}: {err}") from None
         hf.load_hf_weights(model, self.hf_config, hf.SafetensorsReader(self.hf_path).get)
+        problem = routing_problem(routing_replay, self.hf_config, pipeline_parallel, recompute)
+        if problem:
+            raise RunError(problem)
+        # MoE routing replay: each router's hook (routing.py), by layer; the routes of this
+        # rank's micro-batches kept by key (_routed); the last pass's agreement counts
+        self.routes = routing.install(model) if routing_replay != "none" else {}
+        self._kept: dict = {}
+        self._pass = None  # during a pass: (targets or None, records), micro-batch by micro-batch
+        self._last_pass = None  # the last pass's records
+        self.route_counts = None  # [layers, 2] (routing.agreement)
+        self._route_dtype = routing.route_dtype(getattr(self.hf_config, "num_experts", 0) or 0)
         self.share_prompts = share_prompts
         self.pack_sequences = pack_sequences
         self._positions = None  # a packed micro-batch's position ids, for the rotary embedding
@@ -194,11 +222,16 @@ class Actor:
                 packed = PackedSeqParams(
                     qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds,
                     max_seqlen_q=mb.max_seqlen, max_seqlen_kv=mb.max_seqlen)
+            self._set_targets()
             try:
                 output = model(mb.tokens, mb.positions, mb.attention_mask, packed_seq_params=packed)
             finally:
                 module.post_process = last_stage
                 self._positions = None
+            if self._pass is not None:  # the experts used (padding: none), 1 byte each
+                padding = (routing.router_rows(mb.token_ids, *self._sequence_part) < 0)[:, None]
+                self._pass[1].append({layer: hook.used.to(self._route_dtype).masked_fill(padding, -1)
+                                      for layer, hook in self.routes.items()})
             return output, partial(loss_func, mb)
 
         if not micros:
@@ -208,6 +241,89 @@ class Actor:
             num_microbatches=len(micros), seq_length=max(m.tokens.shape[1] for m in micros),
             micro_batch_size=max(m.tokens.shape[0] for m in micros), forward_only=forward_only,
         )
+
+    def _set_targets(self) -> None:
+        """The routers' targets for the pass's next micro-batch (Megatron runs a stage's
+        micro-batches in order; a recompute in backward, without pipelining, keeps them)."""
+        if self._pass is None:
+            return
+        kept, records = self._pass
+        for layer, hook in self.routes.items():
+            hook.target = kept[len(records)][layer] if kept is not None else None
+
+    def _routed(self, batch: SequenceBatch, key, run):
+        """``run()``, a pass over ``batch``, with MoE routing replay under ``key``: the first
+        pass under a key keeps the experts each token of this rank's micro-batches went to, a
+        later one gives them to the routers again. The micro-batches are the same ones (the
+        same batch, split the same way), so a rank holds only its own tokens' routes and
+        nothing moves between ranks. Without replay, or ``key`` None: ``run()``."""
+        if not self.routes or key is None:
+            return run()
+        kept = self._kept.get(key)
+        self._pass = (kept, [])
+        for hook in self.routes.values():
+            hook.counts = None
+        try:
+            result = run()
+        finally:
+            records, self._pass = self._pass[1], None
+            for hook in self.routes.values():
+                hook.target = None
+        self._last_pass = records
+        if kept is None:
+            self._kept[key] = records
+        counts = torch.zeros(self.hf_config.num_hidden_layers, 2, dtype=torch.long,
+                             device=self.device)
+        for layer, hook in self.routes.items():
+            if hook.counts is not None:
+                counts[layer] = hook.counts
+        dist.all_reduce(counts)
+        self.route_counts = counts.cpu()
+        return result
+
+    @property
+    def _sequence_part(self) -> tuple[int, int]:
+        """(this rank's part, parts) of a micro-batch's sequence dimension in its layers."""
+        from megatron.core import parallel_state as ps
+
+        if not self.config.sequence_parallel:
+            return 0, 1
+        return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+
+    def forget_routes(self) -> None:
+        """Drop every key's routes (a step's end)."""
+        self._kept.clear()
+
+    def sequence_routes(self, batch: SequenceBatch, key=None) -> list[torch.Tensor]:
+        """The routes kept under ``key`` (None: those the last pass used) for ``batch``, the
+        pass's batch, as [tokens, layers, top-k] per sequence, the same on every rank (all
+        ranks take part: each contributes its tokens and layers)."""
+        c = self.hf_config
+        lengths = [len(t) for t in batch.tokens]
+        table = torch.full((sum(lengths), c.num_hidden_layers, c.num_experts_per_tok), -1,
+                           dtype=self._route_dtype, device=self.device)
+        kept = self._last_pass if key is None else self._kept[key]
+        for mb, used in zip(self._micros(batch), kept, strict=True):
+            routing.record(table, routing.router_rows(mb.token_ids, *self._sequence_part), used)
+        # a slot two ranks hold (TP without sequence parallelism) has the same experts on both
+        dist.all_reduce(table, op=dist.ReduceOp.MAX)
+        routes = list(table.cpu().split(lengths))
+        if self.share_prompts:
+            routing.share_prompts(routes, prompt_groups(batch), batch.prompt_lengths)
+        return routes
+
+    def _router_grad_norm(self) -> float | None:
+        """The routers' gradient norm (after the data-parallel reduction, all stages)."""
+        from megatron.core import parallel_state as ps
+
+        if not self.routes:
+            return None
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for layer in self.module.decoder.layers:
+            total += layer.mlp.router.weight.main_grad.double().pow(2).sum()
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+        return total.sqrt().item()
 
     def _micros(self, batch: SequenceBatch) -> list:
         """This rank's micro-batches. With expert parallelism every data-parallel rank runs as
@@ -324,9 +440,10 @@ class Actor:
     # ------------------------------------------------------------------ log-probs
 
     @torch.no_grad()
-    def logprobs(self, batch: SequenceBatch, with_entropy: bool = False
+    def logprobs(self, batch: SequenceBatch, with_entropy: bool = False, routes=None
                  ) -> tuple[list[torch.Tensor], Optional[list[torch.Tensor]]]:
-        """Per-sequence log-probs (and entropies) of the response tokens, on every rank."""
+        """Per-sequence log-probs (and entropies) of the response tokens, on every rank;
+        ``routes``: a key of MoE routing replay (``_routed``)."""
         self.model.eval()
 
         def collect(mb, hidden):
@@ -334,7 +451,8 @@ class Actor:
             return torch.zeros((), device=hidden.device), torch.tensor(0, dtype=torch.int), \
                 {"scored": (mb, logp, ent)}
 
-        merged = self._gather_rows(self._schedule(self._micros(batch), collect, forward_only=True))
+        merged = self._gather_rows(self._routed(batch, routes, lambda: self._schedule(
+            self._micros(batch), collect, forward_only=True)))
         logps = [merged[i][0] for i in range(len(batch))]
         ents = [merged[i][1] for i in range(len(batch))] if with_entropy else None
         return logps, ents
@@ -414,11 +532,12 @@ class Actor:
         """Set the learning rate of rollout step ``step`` (from 0) for all its updates."""
         optim.set_position(self.scheduler, optim.position(step, self.algorithm.warmup_from_zero))
 
-    def train_step(self, batch: SequenceBatch) -> dict:
+    def train_step(self, batch: SequenceBatch, routes=None) -> dict:
         """One optimiser update on a mini-batch with advantages and old log-probs; metrics.
         Without old log-probs (``batch.old_logp`` None: valid only while the policy is the one
         that is to be updated, i.e. before the step's first update) this forward's own are
-        used, and left per sequence in ``fused_old_logp``."""
+        used, and left per sequence in ``fused_old_logp``. ``routes``: a key of MoE routing
+        replay (``_routed``)."""
         from megatron.core import parallel_state as ps
 
         if batch.advantages is None:
@@ -427,7 +546,9 @@ class Actor:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        outputs = self._schedule(self._micros(batch), self._policy_loss, forward_only=False)
+        outputs = self._routed(batch, routes, lambda: self._schedule(
+            self._micros(batch), self._policy_loss, forward_only=False))
+        router_grad_norm = self._router_grad_norm()
         # the micro-batches' sums added on the device and read once, here
         classes = 3 * correction.TAG_CLASSES if batch.tags is not None else 0
         stats = torch.zeros(len(_STATS) - 1 + classes, dtype=torch.float64, device=self.device)
@@ -457,7 +578,9 @@ class Actor:
                 "clip_fraction": s["clipped"] / tokens, "dual_clip_fraction": s["dual_clipped"] / tokens,
                 "entropy": s["entropy"] / tokens, "kl": s["kl"] / tokens,
                 "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"],
-                "skipped": not applied, "by_class": by_class}
+                "skipped": not applied, "by_class": by_class,
+                "route_counts": self.route_counts if self.routes and routes is not None else None,
+                "router_grad_norm": router_grad_norm}
 
     # ------------------------------------------------------------------ memory between updates
 

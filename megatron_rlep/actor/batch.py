@@ -35,6 +35,8 @@ from typing import Optional
 
 import torch
 
+from megatron_rlep.actor import routing
+
 
 @dataclass
 class SequenceBatch:
@@ -190,6 +192,9 @@ class MicroBatch:
     # one's length, and hidden_index as above
     cu_seqlens: Optional[torch.Tensor] = None
     max_seqlen: int = 0
+    # [b, s] like tokens: each slot's row in a pass's table of routes (routing.offsets: the
+    # sequence's first row + its position), -1 for padding
+    token_ids: Optional[torch.Tensor] = None
 
 
 def collate(batch: SequenceBatch, index: list[int], device: torch.device,
@@ -199,6 +204,8 @@ def collate(batch: SequenceBatch, index: list[int], device: torch.device,
     leave the loss mask."""
     width = -(-max(len(batch.tokens[i]) for i in index) // multiple) * multiple
     tokens = torch.zeros(len(index), width, dtype=torch.long)
+    token_ids = torch.full((len(index), width), -1, dtype=torch.long)
+    first = routing.offsets([len(t) for t in batch.tokens])
     mask = torch.zeros(len(index), width, dtype=torch.bool)
     aligned = {"old_logp": batch.old_logp, "ref_logp": batch.ref_logp, "weights": batch.weights,
                "tags": batch.tags}
@@ -206,6 +213,7 @@ def collate(batch: SequenceBatch, index: list[int], device: torch.device,
     for row, i in enumerate(index):
         ids, p = batch.tokens[i], batch.prompt_lengths[i]
         tokens[row, :len(ids)] = torch.tensor(ids)
+        token_ids[row, :len(ids)] = first[i] + torch.arange(len(ids))
         mask[row, p - 1:len(ids) - 1] = True if batch.kept is None else batch.kept[i]
         for key, values in aligned.items():
             if values is not None:
@@ -213,7 +221,7 @@ def collate(batch: SequenceBatch, index: list[int], device: torch.device,
     labels = torch.roll(tokens, -1, dims=1)
     labels[:, -1] = 0
     positions = torch.arange(width).expand(len(index), width)
-    micro = MicroBatch(index, tokens, positions, labels, mask, **out)
+    micro = MicroBatch(index, tokens, positions, labels, mask, **out, token_ids=token_ids)
     micro.loss_index, micro.loss_counts = loss_positions(mask)
     if batch.advantages is not None:
         micro.advantages = batch.advantages[index].float().reshape(-1, 1)
@@ -237,6 +245,8 @@ def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
     width = -(-width // multiple) * multiple
     tokens = torch.zeros(len(rows), width, dtype=torch.long)
     positions = torch.zeros(len(rows), width, dtype=torch.long)
+    token_ids = torch.full((len(rows), width), -1, dtype=torch.long)
+    first = routing.offsets([len(t) for t in batch.tokens])
     allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)  # padding sees itself
     source = torch.zeros(micro.loss_mask.shape, dtype=torch.long)
     row_of = {i: row for row, i in enumerate(index)}
@@ -244,6 +254,7 @@ def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
         p = batch.prompt_lengths[members[0]]
         tokens[r, :p] = torch.tensor(batch.tokens[members[0]][:p])
         positions[r, :p] = torch.arange(p)
+        token_ids[r, :p] = first[members[0]] + torch.arange(p)  # routing.share_prompts
         allowed[r, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
         start = p
         for i in members:
@@ -251,6 +262,7 @@ def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
             n, stop = len(response), start + len(response)
             tokens[r, start:stop] = torch.tensor(response)
             positions[r, start:stop] = torch.arange(p, p + n)
+            token_ids[r, start:stop] = first[i] + torch.arange(p, p + n)
             allowed[r, start:stop, :p] = True
             allowed[r, start:stop, start:stop] = torch.ones(n, n, dtype=torch.bool).tril()
             # the sequence's position p - 1 (the prompt's last) predicts its first response
@@ -258,7 +270,7 @@ def collate_shared(batch: SequenceBatch, index: list[int], device: torch.device,
             source[row_of[i], p - 1] = r * width + p - 1
             source[row_of[i], p:p + n - 1] = r * width + torch.arange(start, stop - 1)
             start = stop
-    micro.tokens, micro.positions = tokens, positions
+    micro.tokens, micro.positions, micro.token_ids = tokens, positions, token_ids
     micro.attention_mask = ~allowed[:, None]
     micro.hidden_index = source[micro.loss_mask]
     return to_device(micro, device)
@@ -275,6 +287,9 @@ def collate_packed(batch: SequenceBatch, index: list[int], device: torch.device,
     bounds = torch.tensor([0] + lengths + ([padding] if padding else []), dtype=torch.int32).cumsum(0)
     micro.tokens = torch.tensor([t for i in index for t in batch.tokens[i]] + [0] * padding)[None]
     micro.positions = torch.cat([torch.arange(n) for n in lengths + [padding]])[None]
+    first = routing.offsets([len(t) for t in batch.tokens])
+    micro.token_ids = torch.cat([first[i] + torch.arange(n) for i, n in zip(index, lengths)] +
+                                [torch.full((padding,), -1)])[None]
     source = bounds[:len(index), None].long() + torch.arange(micro.loss_mask.shape[1])
     micro.hidden_index = source[micro.loss_mask]
     micro.cu_seqlens, micro.max_seqlen = bounds.int(), max(lengths + [padding])
@@ -285,7 +300,7 @@ def to_device(micro: MicroBatch, device: torch.device) -> MicroBatch:
     """``micro``'s tensors on ``device`` but ``cu_seqlens`` (the actor copies it for Transformer
     Engine), each copy queued without waiting for the device."""
     for key in ("tokens", "positions", "labels", "loss_mask", "old_logp", "ref_logp", "weights",
-                "tags", "advantages", "attention_mask", "hidden_index", "loss_index"):
+                "tags", "advantages", "attention_mask", "hidden_index", "loss_index", "token_ids"):
         value = getattr(micro, key)
         if value is not None:
             setattr(micro, key, value.to(device, non_blocking=True))
@@ -297,4 +312,5 @@ def idle(mb: MicroBatch) -> MicroBatch:
     pass that changes no result (expert parallelism needs every rank to run as many)."""
     return dataclasses.replace(
         mb, index=[], loss_mask=torch.zeros_like(mb.loss_mask), loss_index=mb.loss_index[:0],
+        token_ids=torch.full_like(mb.token_ids, -1),
         loss_counts=[], hidden_index=None if mb.hidden_index is None else mb.hidden_index[:0])

@@ -6,6 +6,7 @@
     actor_cpu.py offload MODEL_DIR            # two updates with the buffers offloaded between
     actor_cpu.py resume MODEL_DIR OUT         # the distributed optimizer: update, save, resume
     actor_cpu.py export MODEL_DIR TP EP OUT   # the export's order, its memory, a failed consumer
+    actor_cpu.py routes MODEL_DIR TP PP EP OUT  # MoE routing replay (see routes())
 
 Commands chain with ``+`` and run one after another in one process (one process group, with
 Megatron's parallel state rebuilt for each actor), so the imports are paid once:
@@ -260,6 +261,96 @@ def step(model_dir, tp, pp, out, ep=1, mode="full"):
         print(f"OK step tp={tp} pp={pp} ep={ep} logit_diff={diff:.2e} loss={metrics['loss']:.6f}")
 
 
+def hf_routes(model, batch, forced=None):
+    """transformers' log-probs of ``batch``'s responses and the experts each token went to
+    (per sequence, [tokens, layers, top-k] sorted); with ``forced`` (routes in that form) the
+    routers send each token to those experts instead, their probabilities gathered there."""
+    gates = [layer.mlp.gate for layer in model.model.layers]
+    current, used = {}, {}
+
+    def route(layer, gate, hidden):
+        logits = torch.nn.functional.linear(hidden, gate.weight)
+        probs = logits.float().softmax(-1)
+        index = probs.topk(gate.top_k, -1).indices if forced is None else \
+            current["routes"][:, layer].long()
+        values = probs.gather(1, index)
+        if gate.norm_topk_prob:
+            values = values / values.sum(-1, keepdim=True)
+        used[layer] = index
+        return logits, values.to(logits.dtype), index
+
+    for layer, gate in enumerate(gates):
+        gate.forward = lambda hidden, layer=layer, gate=gate: route(layer, gate, hidden)
+    logps, routes = [], []
+    with torch.no_grad():
+        for n, (ids, p) in enumerate(zip(batch.tokens, batch.prompt_lengths)):
+            current["routes"] = forced[n] if forced is not None else None
+            logits = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+            logps.append(logits[p - 1:-1].gather(-1, torch.tensor(ids[p:])[:, None])[:, 0])
+            routes.append(torch.stack([used[i] for i in range(len(gates))], 1).sort(-1).values)
+    for gate in gates:
+        del gate.forward
+    return logps, routes
+
+
+def routes(model_dir, tp, pp, ep, out):
+    """Routing replay (actor.routing_replay=actor) on a MoE model at one layout: the routes the
+    actor records are transformers' own, under shared prompts and packing too (single process);
+    with the routers negated (each token's own top-2 of 4 experts become its last two) the
+    recorded routes given back are the ones used, the log-probs equal transformers' with those
+    experts forced, those without replay differ, and an update with them routes the same and
+    still gives the routers a gradient. Writes OUT (rank 0): per pass kind, the replayed
+    log-probs and the update's metrics, for the comparison across layouts."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron_rlep.actor import routing
+    from megatron_rlep.actor.actor import Actor
+
+    results = {}
+    single = tp * pp * ep * dist.get_world_size() == 1 if dist.is_initialized() else True
+    for kind in ("plain", "pack", "share") if single else ("plain",):
+        platform.reset_model_parallel()
+        actor = Actor(model_dir, algorithm(), tp, pp, micro_batch_size=3, expert_parallel=ep,
+                      sequence_parallel=tp > 1, routing_replay="actor",
+                      share_prompts=kind == "share", pack_sequences=kind == "pack")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        batch = grouped_batch(lambda b: [torch.zeros(len(t) - p) for t, p in
+                                         zip(b.tokens, b.prompt_lengths)])
+        actor.logprobs(batch, routes="old")  # the first pass under a key keeps its routes
+        recorded = actor.sequence_routes(batch, "old")
+        _, own = hf_routes(model, batch)
+        for n, (mine, theirs) in enumerate(zip(recorded, own)):
+            assert torch.equal(mine.long().sort(-1).values, theirs), (kind, "recorded", n)
+        assert actor.route_counts.sum() == 0  # nothing given: nothing compared
+        for layer in actor.module.decoder.layers:
+            layer.mlp.router.weight.data.neg_()
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.data.neg_()
+        replayed, _ = actor.logprobs(batch, routes="old")  # a later one replays them
+        used = actor.sequence_routes(batch)
+        assert all(torch.equal(a, b) for a, b in zip(used, recorded)), kind
+        agree = routing.agreement(actor.route_counts)
+        assert agree["moe/route_agreement"] == 0.0, (kind, agree)
+        forced, _ = hf_routes(model, batch, recorded)
+        diff = max((a - b).abs().max().item() for a, b in zip(replayed, forced))
+        assert diff < 1e-4, f"{kind}: replayed log-probs differ from the forced ones by {diff}"
+        free, _ = actor.logprobs(batch)
+        apart = max((a - b).abs().max().item() for a, b in zip(free, forced))
+        assert apart > 1e-2, f"{kind}: the routers' own choice changed log-probs by {apart} only"
+        batch.old_logp = replayed
+        metrics = actor.train_step(batch, routes="old")
+        assert all(torch.equal(a, b) for a, b in zip(actor.sequence_routes(batch), recorded)), kind
+        assert metrics["router_grad_norm"] > 1e-6, metrics
+        assert routing.agreement(metrics["route_counts"])["moe/route_agreement"] == 0.0
+        after, _ = actor.logprobs(batch)
+        results[kind] = {"replayed": [x.tolist() for x in replayed],
+                         "after": [x.tolist() for x in after],
+                         **{k: metrics[k] for k in ("loss", "grad_norm", "router_grad_norm")}}
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(results))
+        print(f"OK routes tp={tp} pp={pp} ep={ep}")
+
+
 def gradients(actor, batch):
     """This rank's gradients of the policy loss on ``batch``, without an optimiser step."""
     actor.model.train()
@@ -439,6 +530,8 @@ if __name__ == "__main__":
             offload(args[0])
         elif command == "resume":
             resume(args[0], args[1])
+        elif command == "routes":
+            routes(args[0], *map(int, args[1:4]), args[4])
         elif command == "export":
             export(args[0], int(args[1]), int(args[2]), args[3])
     if dist.is_initialized():

@@ -1,0 +1,93 @@
+"""MoE routing replay's pieces on hand-made numbers (megatron_rlep/actor/routing.py); the actor
+with it on every layout: tests/test_actor.py, through the trainer: tests/test_train.py."""
+
+import pytest
+import torch
+
+from megatron_rlep.actor import routing
+from megatron_rlep.actor.batch import SequenceBatch, collate, collate_packed, collate_shared, idle
+
+
+def topk(scores, k, num_groups=None, group_topk=None):
+    return torch.topk(scores, k=k, dim=1)
+
+
+def test_a_given_route_is_used_its_scores_gathered_and_the_own_choice_counted():
+    hook = routing.LayerRoutes()
+    scores = torch.tensor([[4.0, 3.0, 2.0, 1.0],
+                           [1.0, 2.0, 3.0, 4.0],
+                           [0.0, 5.0, 1.0, 6.0]], requires_grad=True)
+    hook.target = torch.tensor([[1, 0], [0, 1], [-1, -1]], dtype=torch.int8)
+    values, index = hook.get_replay_topk(scores, 2, default_compute_topk=topk)
+    # row 0: the router's own {0, 1} in another order counts as the same; row 1: forced to
+    # {0, 1} against its own {3, 2}; row 2: none given, its own {3, 1}
+    assert index.tolist() == [[1, 0], [0, 1], [3, 1]]
+    assert values.tolist() == [[3.0, 4.0], [1.0, 2.0], [6.0, 5.0]]
+    assert hook.counts.tolist() == [2, 1] and torch.equal(hook.used, index)
+    values.sum().backward()  # the router's scores get a gradient where the tokens were sent
+    assert scores.grad.tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 1, 0, 1]]
+    hook.target = None
+    _, index = hook.get_replay_topk(scores, 2, default_compute_topk=topk)
+    assert index.tolist() == [[0, 1], [3, 2], [3, 1]] and hook.counts.tolist() == [2, 1]
+
+
+def test_rows_follow_megatrons_sequence_major_order_and_sequence_parallel_slices():
+    ids = torch.tensor([[0, 1, 2, 3], [4, 5, -1, -1]])  # [b=2, s=4]
+    assert routing.router_rows(ids).tolist() == [0, 4, 1, 5, 2, -1, 3, -1]
+    assert routing.router_rows(ids, 0, 2).tolist() == [0, 4, 1, 5]
+    assert routing.router_rows(ids, 1, 2).tolist() == [2, -1, 3, -1]
+    used = torch.full((6, 2, 2), -1, dtype=torch.int8)
+    routing.record(used, torch.tensor([5, -1, 0]), {1: torch.tensor([[1, 2], [3, 0], [0, 2]])})
+    assert used[5, 1].tolist() == [1, 2] and used[0, 1].tolist() == [0, 2]
+    assert (used[:, 0] == -1).all() and (used[1:5] == -1).all()
+
+
+def batch():
+    # two sequences of one prompt (3 tokens), one of another (2 tokens)
+    return SequenceBatch([[7, 8, 9, 1, 2], [7, 8, 9, 3], [5, 6, 4, 4, 4]], [3, 3, 2])
+
+
+def test_each_collate_names_every_slot_by_its_row_in_the_pass_table():
+    b, cpu = batch(), torch.device("cpu")  # rows: 0-4, 5-8, 9-13
+    assert collate(b, [2, 1], cpu, 2).token_ids.tolist() == [
+        [9, 10, 11, 12, 13, -1], [5, 6, 7, 8, -1, -1]]
+    assert collate_packed(b, [0, 2], cpu, 4).token_ids.tolist() == [
+        [0, 1, 2, 3, 4, 9, 10, 11, 12, 13, -1, -1]]
+    shared = collate_shared(b, [0, 1, 2], cpu)
+    # the prompt once, as the first sequence's rows, then each response at its own positions
+    assert shared.token_ids.tolist() == [[0, 1, 2, 3, 4, 8], [9, 10, 11, 12, 13, -1]]
+    assert (idle(shared).token_ids == -1).all()
+
+
+def test_a_shared_prompts_routes_reach_every_sequence_of_its_group():
+    routes = [torch.full((n, 1, 2), -1, dtype=torch.int8) for n in (5, 4, 5)]
+    routes[0][:] = 1
+    routes[1][3:] = 2  # its response; its prompt was the first sequence's
+    routing.share_prompts(routes, [[0, 1], [2]], [3, 3, 2])
+    assert routes[1][:, 0, 0].tolist() == [1, 1, 1, 2] and (routes[2] == -1).all()
+
+
+def test_agreement_by_layer_leaves_out_layers_with_nothing_given():
+    counts = torch.tensor([[4, 3], [0, 0], [4, 1]])
+    assert routing.agreement(counts) == pytest.approx({
+        "moe/route_agreement": 0.5, "moe/route_agreement_l0": 0.75, "moe/route_agreement_l2": 0.25})
+    assert routing.agreement(torch.zeros(2, 2, dtype=torch.long)) == {}
+
+
+def test_routes_take_one_byte_up_to_128_experts():
+    assert routing.route_dtype(128) == torch.int8 and routing.route_dtype(129) == torch.int16
+
+
+def test_a_dense_model_or_a_recompute_under_pipeline_parallelism_is_refused_in_one_sentence():
+    from types import SimpleNamespace
+
+    from megatron_rlep.actor.actor import routing_problem
+
+    dense, moe = SimpleNamespace(model_type="qwen3"), SimpleNamespace(model_type="qwen3_moe",
+                                                                      num_experts=4)
+    assert routing_problem("none", dense, 2, "full") is None
+    assert routing_problem("actor", dense, 1, "none").startswith(
+        "actor.routing_replay=actor replays a mixture-of-experts model's routes and this qwen3")
+    assert "set parallel.recompute=selective" in routing_problem("actor", moe, 2, "full")
+    assert routing_problem("actor", moe, 1, "full") is None
+    assert routing_problem("actor", moe, 2, "selective") is None
