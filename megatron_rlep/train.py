@@ -41,7 +41,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -62,7 +62,7 @@ from megatron_rlep.metrics import mean_or_none
 from megatron_rlep.monitor import Monitor
 from megatron_rlep.platform import any_rank, is_rank0
 from megatron_rlep.producer import Producer, load_pool
-from megatron_rlep.rollout import model_stop_ids, training_engine, validation_sampling
+from megatron_rlep.rollout import model_stop_ids, validation_sampling
 from megatron_rlep.rollout.rollout_rank import rollout_rank_main
 from megatron_rlep.rollout.service import LocalRollout, RemoteRollout
 from megatron_rlep.reward.sandbox import Sandbox, isolation
@@ -154,9 +154,7 @@ class Trainer:
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
             self.actor.offload()
-        engine = self.rollout.start(replace(r, engine=training_engine(r.engine,
-                                                                      self.actor.hf_path)),
-                                    self.actor.hf_path, self.actor.dtype)
+        engine = self.rollout.start(r, self.actor.hf_path, self.actor.dtype)
         self.producer = Producer(cfg, self.tokenizer,
                                  model_stop_ids(self.actor.hf_path, self.tokenizer), self.scorer,
                                  pool, engine, self.train_set, self.rollout)

@@ -49,29 +49,6 @@ def engine_kind(requested: str) -> str:
     return "transformers"
 
 
-def training_engine(requested: str, model_path: str) -> str:
-    """The engine kind for a trainer, whose engine reloads the weights after every update.
-    vLLM's CPU backend repacks a mixture-of-experts layer's weights after loading them and its
-    in-place reload leaves them wrong (a tiny Qwen3-MoE reloaded with its own weights: prompt
-    log-probs off by 0.6, docs/models.md); there ``auto`` takes the transformers engine and
-    ``vllm`` stops in one sentence."""
-    from transformers import AutoConfig
-
-    from megatron_rlep import platform
-
-    kind = engine_kind(requested)
-    if kind != "vllm" or platform.has_cuda() or \
-            not getattr(AutoConfig.from_pretrained(model_path), "num_experts", None):
-        return kind
-    why = ("vLLM's CPU backend reloads a mixture-of-experts model's weights inexactly "
-           "(docs/models.md)")
-    if requested == "vllm":
-        raise RunError(f"rollout.engine=vllm: {why}; use rollout.engine=transformers (or auto) "
-                       "on a CPU")
-    _say_once(f"rollout.engine=auto: using the transformers engine: {why}")
-    return "transformers"
-
-
 @functools.cache
 def _say_once(message: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:

@@ -71,6 +71,31 @@ def configure_cpu_backend(kv_cache_gib: float, compile: bool = False) -> None:
     if compile:
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     name_cpu_shm()
+    repack_moe_on_reload()
+
+
+def repack_moe_on_reload() -> None:
+    """vLLM's CPU MoE kernel pads a layer's expert weights and packs them into its GEMM's layout
+    (``fused_experts.process_weights_after_loading``), which the unquantized MoE method calls at
+    the first load only: an in-place reload then copied the checkpoint's layout into the packed
+    storage (a tiny Qwen3-MoE's log-probs off by 0.6 after reloading its own weights). Here a
+    reload packs them too (``docs/models.md``, "vLLM's CPU backend and MoE")."""
+    try:
+        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import \
+            UnquantizedFusedMoEMethod
+    except ImportError:  # a vLLM without it loads its MoE weights its own way
+        return
+    original = UnquantizedFusedMoEMethod._setup_kernel
+    if getattr(original, "repacks", False):
+        return
+
+    def _setup_kernel(self, layer, w13, w2):
+        reload = self.moe_kernel is not None  # vLLM's own test for a weight update
+        original(self, layer, w13, w2)
+        if reload:
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+    _setup_kernel.repacks, _setup_kernel.__wrapped__ = True, original
+    UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel
 
 
 def name_cpu_shm(shm_dir: Path = Path("/dev/shm")) -> None:

@@ -17,9 +17,9 @@ def _patch() -> None:
         state["patched"].add("actor")
         original = actor.Actor.train_step
 
-        def train_step(self, batch):
+        def train_step(self, batch, *args, **kwargs):
             state["update"] += 1
-            return original(self, batch)
+            return original(self, batch, *args, **kwargs)
 
         actor.Actor.train_step = train_step
     if loss is not None and "loss" not in state["patched"] and hasattr(loss, "policy_token_loss"):
