@@ -91,3 +91,38 @@ def test_a_dense_model_or_a_recompute_under_pipeline_parallelism_is_refused_in_o
     assert "set parallel.recompute=selective" in routing_problem("actor", moe, 2, "full")
     assert routing_problem("actor", moe, 1, "full") is None
     assert routing_problem("actor", moe, 2, "selective") is None
+
+
+def test_the_transformers_engine_returns_the_routes_a_plain_forward_takes(tmp_path):
+    """Batched, left-padded and decoded token by token with a KV cache, each completion's routes
+    are the experts a forward pass over its prompt and response alone picks, token for token;
+    the response's last token, never fed, has none."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+    import tiny
+
+    from megatron_rlep.rollout.transformers_engine import TransformersEngine
+
+    model = tiny.make_model(tmp_path / "m", "qwen3_moe")
+    engine = TransformersEngine(str(model), batch_size=3, routes=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    out = engine.generate(prompts, n=2, max_tokens=6, seed=3)
+    reference = AutoModelForCausalLM.from_pretrained(model).eval()
+    picked = []
+    for layer in reference.model.layers:
+        layer.mlp.gate.register_forward_hook(lambda m, args, o: picked.append(o[2]))
+    for prompt, completions in zip(prompts, out):
+        for c in completions:
+            ids = list(prompt) + list(c.token_ids)
+            picked.clear()
+            with torch.no_grad():
+                reference(torch.tensor([ids[:-1]]))
+            expected = torch.stack(picked, 1).sort(-1).values
+            assert c.routes.shape == (len(ids), 2, 2) and c.routes.dtype == torch.int8
+            assert torch.equal(c.routes[:-1].long().sort(-1).values, expected)
+            assert (c.routes[-1] == -1).all()
+    assert len({tuple(c.token_ids) for cs in out for c in cs}) > 1  # the rows differ

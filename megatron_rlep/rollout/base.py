@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,10 @@ class Completion:
     mask: tuple[bool, ...] = ()
     calls: tuple[str, ...] = ()  # each tool call's status, in order
     stopped: bool = False  # the engine stopped on one of the call's stop strings
+    # a mixture-of-experts model's experts for every token the engine fed it, prompt then
+    # response, [tokens, layers, top-k] (-1: never fed, the response's last token), when the
+    # engine was asked for them (actor.routing_replay=rollout)
+    routes: torch.Tensor | None = None
 
 
 def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:

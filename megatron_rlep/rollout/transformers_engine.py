@@ -22,7 +22,7 @@ class TransformersEngine:
     collective = False
 
     def __init__(self, model_path: str, dtype: torch.dtype = torch.float32, batch_size: int = 64,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", routes: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_model_path(model_path)
@@ -34,6 +34,8 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.device = device
         self.stop_ids = stop_ids(self.tokenizer, self.model.generation_config)  # vLLM's set
+        # a MoE model's routes returned with each completion (actor.routing_replay=rollout)
+        self.routes = _Routes(self.model) if routes else None
 
     @torch.no_grad()
     def generate(self, prompts, n: int | list[int] = 1, temperature: float = 1.0,
@@ -61,6 +63,8 @@ class TransformersEngine:
             strings = _StopStrings(self.tokenizer, stop, width)
             choice = [_SeededChoice([seeds[i] + k for i, k in jobs[start:start + self.batch_size]])] \
                 if temperature > 0 else []
+            if self.routes is not None:
+                self.routes.start()
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                 max_new_tokens=max_tokens, eos_token_id=list(self.stop_ids),
@@ -77,8 +81,11 @@ class TransformersEngine:
                 finished = end is not None and not stopped
                 tokens = row[:cut] if stopped else row[:end + 1] if finished else row
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                routes = None if self.routes is None else \
+                    self.routes.of(r, len(rows), width, len(prompts[i]), len(tokens))
                 results[i].append(Completion(text, tuple(tokens), finished,
-                                             tuple(row_logprobs[:len(tokens)]), stopped=stopped))
+                                             tuple(row_logprobs[:len(tokens)]), stopped=stopped,
+                                             routes=routes))
             bar.update(len(rows))
         bar.close()
         return results
@@ -119,6 +126,44 @@ class TransformersEngine:
         tokens = torch.tensor([list(ids)], device=self.device)
         logits = self.model(tokens).logits[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, tokens[0, 1:, None])[:, 0].cpu()
+
+
+class _Routes:
+    """The experts every MoE router of ``model`` picked in one ``generate`` call: a forward hook
+    on each router (transformers' ``...TopKRouter``, whose input is the batch's [rows x width]
+    tokens flattened row by row) keeps its top-k indices, the prefill's and then one token a row
+    at each decoding step."""
+
+    def __init__(self, model):
+        from megatron_rlep.actor.routing import route_dtype
+
+        routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+        if not routers:
+            raise ValueError("rollout routes were asked of a model without a mixture-of-experts "
+                             "router")
+        self.dtype = route_dtype(model.config.num_experts)
+        self.calls: list[list[torch.Tensor]] = [[] for _ in routers]
+        for layer, router in enumerate(routers):
+            router.register_forward_hook(
+                lambda module, args, out, layer=layer: self.calls[layer].append(out[2].cpu()))
+
+    def start(self) -> None:
+        for calls in self.calls:
+            calls.clear()
+
+    def of(self, row: int, rows: int, width: int, prompt: int, response: int) -> torch.Tensor:
+        """[prompt + response, layers, top-k] routes of batch row ``row`` (left-padded to
+        ``width``); the response's last token was never fed: -1."""
+        per_layer = []
+        for calls in self.calls:
+            fed = [calls[0].view(rows, width, -1)[row, width - prompt:]] + \
+                [step.view(rows, -1)[row][None] for step in calls[1:response]]
+            per_layer.append(torch.cat(fed))
+        out = torch.full((prompt + response, len(per_layer), per_layer[0].shape[-1]), -1,
+                         dtype=self.dtype)
+        routes = torch.stack(per_layer, 1)
+        out[:len(routes)] = routes.to(self.dtype)
+        return out
 
 
 def _warpers(temperature: float, top_p: float) -> list:
