@@ -327,8 +327,9 @@ class ParallelConfig:
 @dataclass
 class ActorConfig:
     # a mixture-of-experts model's routes (megatron_rlep/actor/routing.py): none | actor (R2:
-    # the update's passes send each token to the experts the old-log-prob pass chose)
-    routing_replay: str = one_of("none", "actor", default="none")
+    # the update's passes send each token to the experts the old-log-prob pass chose) |
+    # rollout (R3: the fresh answers' tokens to the experts the engine chose, the rest as R2)
+    routing_replay: str = one_of("none", "actor", "rollout", default="none")
 
 
 @dataclass
@@ -458,6 +459,9 @@ class Config:
             raise ConfigError(f"config key {what}, so their tokens come from older policies; set "
                               "algorithm.max_staleness to 1 or more (how many versions behind a "
                               "trained token may be).")
+        problem = rollout_routes_problem(self)
+        if problem:
+            raise ConfigError(problem)
         if r.placement == "disaggregated" and r.ranks < 1:
             raise ConfigError("config key rollout.placement=disaggregated needs rollout.ranks: how "
                               "many of the job's ranks run the engines (e.g. rollout.ranks=1).")
@@ -465,6 +469,29 @@ class Config:
             raise ConfigError(f"config key rollout.ranks={r.ranks} is not a multiple of "
                               f"rollout.tensor_parallel={r.tensor_parallel}: each engine takes "
                               "that many ranks")
+
+
+def rollout_routes_problem(cfg: "Config") -> str | None:
+    """Why ``actor.routing_replay=rollout`` (R3) cannot run with these settings, or None: the
+    routes come from the transformers engine, of answers generated in one piece this step."""
+    if cfg.actor.routing_replay != "rollout":
+        return None
+    a, r = cfg.algorithm, cfg.rollout
+    why = [(r.engine != "transformers", f"rollout.engine={r.engine}",
+            "rollout.engine=transformers (vLLM returns routes only from its V2 model runner, "
+            "which needs Triton, and the trainer does not ask it for them yet)"),
+           (r.placement == "disaggregated", "rollout.placement=disaggregated",
+            "rollout.placement=colocated"),
+           (a.max_staleness > 0 or r.partial or r.extra_prompts > 0,
+            "asynchronous rollout (algorithm.max_staleness, rollout.partial, rollout.extra_prompts)",
+            "algorithm.max_staleness=0, rollout.partial=false and rollout.extra_prompts=0"),
+           (bool(r.tools), f"rollout.tools={list(r.tools)}", "rollout.tools=[]")]
+    for refused, what, fix in why:
+        if refused:
+            return (f"config key actor.routing_replay=rollout takes the engine's routes, which "
+                    f"{what} does not carry to the actor yet; set {fix}, or use "
+                    "actor.routing_replay=actor.")
+    return None
 
 
 @dataclass

@@ -45,6 +45,9 @@ class Sample:
     # stay out of the loss (empty: every token is the model's); each tool call's status
     mask: tuple[bool, ...] = ()
     calls: tuple[str, ...] = ()
+    # the engine's MoE routes of the prompt and response, [tokens, layers, top-k]
+    # (actor.routing_replay=rollout; None: the actor's own first pass routes it)
+    routes: Optional[torch.Tensor] = field(default=None, compare=False)
 
 
 @dataclass

@@ -290,7 +290,8 @@ class Producer:
             group.samples = []
         for (group, _, _), (c,) in zip(requests, completions):
             group.samples.append(Sample(c.token_ids, c.text, replay=False, finished=c.finished,
-                                        logprobs=c.logprobs, mask=c.mask, calls=c.calls))
+                                        logprobs=c.logprobs, mask=c.mask, calls=c.calls,
+                                        routes=c.routes))
         return self.complete(groups, step)
 
 

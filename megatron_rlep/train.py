@@ -147,9 +147,13 @@ class Trainer:
                            **{k: v for k, v in asdict(cfg.parallel).items()
                               if k != "offload_during_rollout"})  # the trainer's to do
         if self.actor.routes and is_rank0():
-            print("MoE routing replay: actor.routing_replay=actor (R2), each update's pass sends "
-                  "a token to the experts of the step's first pass over it (the old log-probs' "
-                  "or the first update's); the routers still train", flush=True)
+            r3 = cfg.actor.routing_replay == "rollout"
+            print(f"MoE routing replay: actor.routing_replay={cfg.actor.routing_replay} "
+                  f"({'R3' if r3 else 'R2'}), each update's pass sends a token to the experts of "
+                  + ("the engine that sampled it (a fresh answer's); a pool replay's tokens, "
+                     "without routes, to those of " if r3 else "")
+                  + "the step's first pass over it (the old log-probs' or the first update's); "
+                  "the routers still train", flush=True)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
@@ -277,8 +281,11 @@ class Trainer:
                     break
             if self.too_many_skipped():
                 break
-        self.actor.forget_routes()
+        first = self.actor.forget_routes()
         mismatch = rollout_mismatch(*correction.model_parts(samples, batch.old_logp))
+        if first is not None and self.cfg.actor.routing_replay == "rollout":
+            # the engine's experts against the actor's own choice, before the step's updates
+            mismatch.update(routing.agreement(first, "moe/rollout_route_agreement"))
         mismatch.update(corrected)
         mismatch.update(correction.lag_metrics(seen, batch.old_logp, self.step,
                                                minis * a.epochs, c.is_threshold))
@@ -528,13 +535,15 @@ def _memory_metrics() -> dict:
 
 
 def _sequences(groups: list[Group]) -> SequenceBatch:
-    tokens, prompts, adv = [], [], []
+    tokens, prompts, adv, routes = [], [], [], []
     for g in groups:
         for s in g.samples:
             tokens.append(list(g.prompt_ids) + list(s.response_ids))
             prompts.append(len(g.prompt_ids))
             adv.append(s.advantage)
-    return SequenceBatch(tokens, prompts, advantages=torch.tensor(adv))
+            routes.append(s.routes)
+    return SequenceBatch(tokens, prompts, advantages=torch.tensor(adv),
+                         routes=routes if any(r is not None for r in routes) else None)
 
 
 def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
@@ -543,7 +552,8 @@ def _subset(batch: SequenceBatch, index: list[int]) -> SequenceBatch:
 
     return SequenceBatch(pick(batch.tokens), pick(batch.prompt_lengths),
                          advantages=batch.advantages[index], old_logp=pick(batch.old_logp),
-                         weights=pick(batch.weights), kept=pick(batch.kept), tags=pick(batch.tags))
+                         weights=pick(batch.weights), kept=pick(batch.kept), tags=pick(batch.tags),
+                         routes=pick(batch.routes))
 
 
 def _step_metrics(groups, updates, info, rollout_s, update_s) -> dict:

@@ -42,6 +42,19 @@ def test_rows_follow_megatrons_sequence_major_order_and_sequence_parallel_slices
     assert (used[:, 0] == -1).all() and (used[1:5] == -1).all()
 
 
+def test_given_routes_become_targets_and_reach_a_shared_prompts_row():
+    table = torch.arange(6 * 2 * 2, dtype=torch.int8).view(6, 2, 2)
+    rows = torch.tensor([5, -1, 0])
+    assert routing.targets(table, rows, 1).tolist() == [[22, 23], [-1, -1], [2, 3]]
+    # a group of three over a 2-token prompt: the first has no routes (a replay), the second's
+    # prompt routes go to all; a group without any stays without
+    second = torch.full((4, 1, 2), 7, dtype=torch.int8)
+    out = routing.given_to_shared_prompts([None, second, None, None], [3, 4, 5, 3],
+                                          [[0, 1, 2], [3]], [2, 2, 2, 1])
+    assert out[0][:, 0, 0].tolist() == [7, 7, -1] and out[2][:, 0, 0].tolist() == [7, 7, -1, -1, -1]
+    assert torch.equal(out[1], second) and out[3] is None
+
+
 def batch():
     # two sequences of one prompt (3 tokens), one of another (2 tokens)
     return SequenceBatch([[7, 8, 9, 1, 2], [7, 8, 9, 3], [5, 6, 4, 4, 4]], [3, 3, 2])

@@ -160,9 +160,12 @@ class Actor:
         # rank's micro-batches kept by key (_routed); the last pass's agreement counts
         self.routes = routing.install(model) if routing_replay != "none" else {}
         self._kept: dict = {}
-        self._pass = None  # during a pass: (targets or None, records), micro-batch by micro-batch
+        # during a pass: (kept routes or None, records micro-batch by micro-batch, the batch's
+        # given routes as a table of its rows or None)
+        self._pass = None
         self._last_pass = None  # the last pass's records
-        self.route_counts = None  # [layers, 2] (routing.agreement)
+        self.route_counts = None  # [layers, 2] of the last pass (routing.agreement)
+        self._first_counts = None  # the step's first passes' (routes given by the batch)
         self._route_dtype = routing.route_dtype(getattr(self.hf_config, "num_experts", 0) or 0)
         self.share_prompts = share_prompts
         self.pack_sequences = pack_sequences
@@ -222,14 +225,14 @@ class Actor:
                 packed = PackedSeqParams(
                     qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds,
                     max_seqlen_q=mb.max_seqlen, max_seqlen_kv=mb.max_seqlen)
-            self._set_targets()
+            rows = self._set_targets(mb)
             try:
                 output = model(mb.tokens, mb.positions, mb.attention_mask, packed_seq_params=packed)
             finally:
                 module.post_process = last_stage
                 self._positions = None
-            if self._pass is not None:  # the experts used (padding: none), 1 byte each
-                padding = (routing.router_rows(mb.token_ids, *self._sequence_part) < 0)[:, None]
+            if rows is not None:  # the experts used (padding: none), 1 byte each
+                padding = (rows < 0)[:, None]
                 self._pass[1].append({layer: hook.used.to(self._route_dtype).masked_fill(padding, -1)
                                       for layer, hook in self.routes.items()})
             return output, partial(loss_func, mb)
@@ -242,25 +245,41 @@ class Actor:
             micro_batch_size=max(m.tokens.shape[0] for m in micros), forward_only=forward_only,
         )
 
-    def _set_targets(self) -> None:
-        """The routers' targets for the pass's next micro-batch (Megatron runs a stage's
-        micro-batches in order; a recompute in backward, without pipelining, keeps them)."""
+    def _set_targets(self, mb):
+        """The routers' targets for ``mb``, the pass's next micro-batch (Megatron runs a stage's
+        micro-batches in order; a recompute in backward, without pipelining, keeps them): the
+        kept ones, else those the batch gives; its rows in the router's order (None outside a
+        pass of ``_routed``)."""
         if self._pass is None:
-            return
-        kept, records = self._pass
+            return None
+        kept, records, given = self._pass
+        rows = routing.router_rows(mb.token_ids, *self._sequence_part)
         for layer, hook in self.routes.items():
-            hook.target = kept[len(records)][layer] if kept is not None else None
+            hook.target = kept[len(records)][layer] if kept is not None else \
+                routing.targets(given, rows, layer) if given is not None else None
+        return rows
 
     def _routed(self, batch: SequenceBatch, key, run):
         """``run()``, a pass over ``batch``, with MoE routing replay under ``key``: the first
         pass under a key keeps the experts each token of this rank's micro-batches went to, a
         later one gives them to the routers again. The micro-batches are the same ones (the
         same batch, split the same way), so a rank holds only its own tokens' routes and
-        nothing moves between ranks. Without replay, or ``key`` None: ``run()``."""
+        nothing moves between ranks. The first pass takes the routes ``batch.routes`` gives
+        (the rollout's), the routers' own choice for the tokens without. Without replay, or
+        ``key`` None: ``run()``."""
         if not self.routes or key is None:
             return run()
-        kept = self._kept.get(key)
-        self._pass = (kept, [])
+        kept, given = self._kept.get(key), None
+        if kept is None and batch.routes is not None:
+            c, lengths, routes = self.hf_config, [len(t) for t in batch.tokens], batch.routes
+            if self.share_prompts:
+                routes = routing.given_to_shared_prompts(routes, lengths, prompt_groups(batch),
+                                                         batch.prompt_lengths)
+            given = torch.cat([torch.full((n, c.num_hidden_layers, c.num_experts_per_tok), -1,
+                                          dtype=self._route_dtype) if r is None else
+                               r.to(self._route_dtype) for n, r in zip(lengths, routes)]
+                              ).to(self.device, non_blocking=True)
+        self._pass = (kept, [], given)
         for hook in self.routes.values():
             hook.counts = None
         try:
@@ -270,8 +289,6 @@ class Actor:
             for hook in self.routes.values():
                 hook.target = None
         self._last_pass = records
-        if kept is None:
-            self._kept[key] = records
         counts = torch.zeros(self.hf_config.num_hidden_layers, 2, dtype=torch.long,
                              device=self.device)
         for layer, hook in self.routes.items():
@@ -279,6 +296,10 @@ class Actor:
                 counts[layer] = hook.counts
         dist.all_reduce(counts)
         self.route_counts = counts.cpu()
+        if kept is None:
+            self._kept[key] = records
+            self._first_counts = self.route_counts if self._first_counts is None else \
+                self._first_counts + self.route_counts
         return result
 
     @property
@@ -290,9 +311,13 @@ class Actor:
             return 0, 1
         return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
 
-    def forget_routes(self) -> None:
-        """Drop every key's routes (a step's end)."""
+    def forget_routes(self):
+        """Drop every key's routes (a step's end); the step's first passes' counts, [layers, 2]
+        (routes given by the batches against the routers' own choice; routing.agreement), or
+        None."""
         self._kept.clear()
+        first, self._first_counts = self._first_counts, None
+        return first
 
     def sequence_routes(self, batch: SequenceBatch, key=None) -> list[torch.Tensor]:
         """The routes kept under ``key`` (None: those the last pass used) for ``batch``, the
@@ -546,6 +571,7 @@ class Actor:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        replayed = bool(self.routes) and routes in self._kept  # kept by an earlier pass
         outputs = self._routed(batch, routes, lambda: self._schedule(
             self._micros(batch), self._policy_loss, forward_only=False))
         router_grad_norm = self._router_grad_norm()
@@ -579,7 +605,7 @@ class Actor:
                 "entropy": s["entropy"] / tokens, "kl": s["kl"] / tokens,
                 "grad_norm": grad_norm, "lr": lr, "tokens": s["tokens"], "sequences": s["sequences"],
                 "skipped": not applied, "by_class": by_class,
-                "route_counts": self.route_counts if self.routes and routes is not None else None,
+                "route_counts": self.route_counts if replayed else None,
                 "router_grad_norm": router_grad_norm}
 
     # ------------------------------------------------------------------ memory between updates

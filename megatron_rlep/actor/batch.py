@@ -51,6 +51,9 @@ class SequenceBatch:
     # each token's class for the update's metrics by class (correction.token_tags: a fresh
     # token's lag, or a replay's), per sequence, [response length]
     tags: Optional[list[torch.Tensor]] = None
+    # MoE routes given per sequence, [tokens, layers, top-k] (-1 or None: none given; the
+    # rollout's, actor.routing_replay=rollout): the first pass under a key uses them
+    routes: Optional[list[Optional[torch.Tensor]]] = None
 
     def __post_init__(self):
         if len(self.tokens) != len(self.prompt_lengths):

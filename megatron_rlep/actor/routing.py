@@ -79,6 +79,11 @@ def router_rows(token_ids: torch.Tensor, rank: int = 0, size: int = 1) -> torch.
     return rows.reshape(-1)
 
 
+def targets(table: torch.Tensor, rows: torch.Tensor, layer: int) -> torch.Tensor:
+    """[tokens, k] experts of ``layer`` at table ``rows`` (-1 rows, padding: none given)."""
+    return table[rows.clamp(min=0), layer].masked_fill((rows < 0)[:, None], -1)
+
+
 def record(table: torch.Tensor, rows: torch.Tensor, used: dict[int, torch.Tensor]) -> None:
     """Each layer's experts ``used`` ([tokens, k] in the router's order) into ``table`` at
     ``rows`` (-1 rows, padding, left out)."""
@@ -98,15 +103,34 @@ def share_prompts(routes: list[torch.Tensor], groups: list[list[int]],
             routes[i][:p] = prompt
 
 
-def agreement(counts: torch.Tensor) -> dict[str, float]:
-    """``moe/route_agreement`` (all layers) and ``moe/route_agreement_l{i}`` from [layers, 2]
-    counts (tokens given experts, tokens whose router chose the same ones); layers without a
-    given token are left out."""
+def given_to_shared_prompts(routes: list, lengths: list[int], groups: list[list[int]],
+                            prompt_lengths: list[int]) -> list:
+    """Routes given per sequence (None: none) for shared prompts, where a prompt is computed
+    once for a row of its group's sequences: the group's prompt routes, those of its first
+    sequence that has any, given to each sequence of the group (-1 after the prompt for one
+    that had none)."""
+    out = list(routes)
+    for members in groups:
+        source = next((routes[i] for i in members if routes[i] is not None), None)
+        if source is None:
+            continue
+        p = prompt_lengths[members[0]]
+        for i in members:
+            mine = routes[i].clone() if routes[i] is not None else \
+                torch.full((lengths[i], *source.shape[1:]), -1, dtype=source.dtype)
+            mine[:p] = source[:p]
+            out[i] = mine
+    return out
+
+
+def agreement(counts: torch.Tensor, name: str = "moe/route_agreement") -> dict[str, float]:
+    """``name`` (all layers) and ``name_l{i}`` from [layers, 2] counts (tokens given experts,
+    tokens whose router chose the same ones); layers without a given token are left out."""
     out = {}
     given, same = counts[:, 0], counts[:, 1]
     if given.sum() > 0:
-        out["moe/route_agreement"] = float(same.sum() / given.sum())
+        out[name] = float(same.sum() / given.sum())
     for layer in range(len(counts)):
         if given[layer] > 0:
-            out[f"moe/route_agreement_l{layer}"] = float(same[layer] / given[layer])
+            out[f"{name}_l{layer}"] = float(same[layer] / given[layer])
     return out

@@ -82,12 +82,15 @@ def engine_length(cfg) -> int:
 
 
 def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_model_len: int,
-                tensor_parallel: int | None = None, dedicated: bool = False, sandbox=None):
+                tensor_parallel: int | None = None, dedicated: bool = False, sandbox=None,
+                routes: bool = False):
     """This rank's engine, or None on ranks that do not generate (transformers: one rank per
     model-parallel group generates for it; vLLM: every rank, as start-up is collective).
     ``tensor_parallel`` overrides the engine's TP size. A ``dedicated`` engine has its GPU to
     itself (a rollout rank): ``rollout.dedicated_gpu_memory_utilization`` of it, no sleep mode.
-    ``sandbox``: the ``sandbox`` config its ``python`` tool calls run under."""
+    ``sandbox``: the ``sandbox`` config its ``python`` tool calls run under. ``routes``: each
+    completion carries its MoE routes (the transformers engine; ``config.rollout_routes_problem``
+    keeps the rest out)."""
     kind = engine_kind(rollout.engine)
     if kind == "vllm":
         from transformers import AutoConfig
@@ -116,7 +119,8 @@ def make_engine(rollout, model_path: str, dtype: torch.dtype, seed: int, max_mod
     from megatron_rlep import platform
 
     return with_tools(TransformersEngine(model_path, dtype=dtype, batch_size=rollout.batch_size,
-                                         device=platform.device()), rollout, sandbox)
+                                         device=platform.device(), routes=routes),
+                      rollout, sandbox)
 
 
 def engine_prompt(engine, messages, max_length: int | None = None) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ timing, the batching or the placement. Each completion carries its behaviour log
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class Completion:
     # a mixture-of-experts model's experts for every token the engine fed it, prompt then
     # response, [tokens, layers, top-k] (-1: never fed, the response's last token), when the
     # engine was asked for them (actor.routing_replay=rollout)
-    routes: torch.Tensor | None = None
+    routes: torch.Tensor | None = field(default=None, compare=False)
 
 
 def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:

@@ -38,7 +38,8 @@ class LocalRollout:
         the actor's model takes); None where it does not generate."""
         self.rollout = rollout
         self.engine = make_engine(rollout, hf_path, dtype, self.cfg.seed, engine_length(self.cfg),
-                                  sandbox=self.cfg.sandbox)
+                                  sandbox=self.cfg.sandbox,
+                                  routes=self.cfg.actor.routing_replay == "rollout")
         return self.engine
 
     def stream(self, segment, turns) -> RolloutStream | None:

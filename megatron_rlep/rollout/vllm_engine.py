@@ -71,7 +71,7 @@ def configure_cpu_backend(kv_cache_gib: float, compile: bool = False) -> None:
     if compile:
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     name_cpu_shm()
-    repack_moe_on_reload()
+    in_own_thread(repack_moe_on_reload)
 
 
 def repack_moe_on_reload() -> None:
@@ -174,25 +174,33 @@ def completion(output, tokenizer) -> Completion:
                       output.finish_reason == "stop" and not stopped, logprobs, stopped=stopped)
 
 
-def vllm_llm_class():
-    """``vllm.LLM``, imported in a thread of its own. A module of vLLM keeps an import error
-    with its traceback (multimodal/media/audio.py, where torchcodec is missing), and the frames
-    of a traceback keep their callers' frames: imported under the trainer, the trainer and its
-    engine would stay in memory until the process ends (in a sweep, every job's)."""
+def in_own_thread(work):
+    """``work()``'s result, run in a thread of its own: for imports of vLLM. A module of vLLM
+    keeps an import error with its traceback (multimodal/media/audio.py, where torchcodec is
+    missing), and the frames of a traceback keep their callers' frames: imported under the
+    trainer, the trainer and its engine would stay in memory until the process ends (in a
+    sweep, every job's)."""
     found = {}
 
-    def load():
+    def run():
         try:
-            from vllm import LLM
-            found["class"] = LLM
+            found["result"] = work()
         except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
             found["error"] = error
-    loader = threading.Thread(target=load, name="vllm-import")
+    loader = threading.Thread(target=run, name="vllm-import")
     loader.start()
     loader.join()
     if "error" in found:
         raise found["error"]
-    return found["class"]
+    return found["result"]
+
+
+def vllm_llm_class():
+    """``vllm.LLM``, imported in a thread of its own (``in_own_thread``)."""
+    def load():
+        from vllm import LLM
+        return LLM
+    return in_own_thread(load)
 
 
 class VllmEngine:

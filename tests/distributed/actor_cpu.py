@@ -298,8 +298,9 @@ def routes(model_dir, tp, pp, ep, out):
     actor records are transformers' own, under shared prompts and packing too (single process);
     with the routers negated (each token's own top-2 of 4 experts become its last two) the
     recorded routes given back are the ones used, the log-probs equal transformers' with those
-    experts forced, those without replay differ, and an update with them routes the same and
-    still gives the routers a gradient. Writes OUT (rank 0): per pass kind, the replayed
+    experts forced, those without replay differ, routes given with the batch (R3) are used where
+    given, and an update with the kept ones routes the same and still gives the routers a
+    gradient. Writes OUT (rank 0): per pass kind, the replayed
     log-probs and the update's metrics, for the comparison across layouts."""
     from transformers import AutoModelForCausalLM
 
@@ -337,12 +338,28 @@ def routes(model_dir, tp, pp, ep, out):
         free, _ = actor.logprobs(batch)
         apart = max((a - b).abs().max().item() for a, b in zip(free, forced))
         assert apart > 1e-2, f"{kind}: the routers' own choice changed log-probs by {apart} only"
+        # routes given with the batch (the rollout's, R3), but none for the last prompt's two
+        # sequences: those route as the routers choose, the others as given
+        given = dataclasses.replace(batch, routes=recorded[:6] + [None, None])
+        mixed, _ = actor.logprobs(given, routes="given")
+        used, own = actor.sequence_routes(given), hf_routes(model, given)[1]
+        assert all(torch.equal(a.long().sort(-1).values, b) for a, b in zip(used[6:], own[6:])) \
+            and all(torch.equal(a, b) for a, b in zip(used[:6], recorded[:6])), kind
+        assert all((a - b).abs().max() < 1e-4 for a, b in zip(mixed, forced[:6] + free[6:])), kind
+        assert routing.agreement(actor.route_counts)["moe/route_agreement"] == 0.0
+        # every token given routes, counted once a layer (a shared prompt once for its row)
+        prompts = 4 + 7 if kind == "share" else sum(given.prompt_lengths[:6])
+        given_tokens = actor.hf_config.num_hidden_layers * (
+            prompts + sum(given.response_lengths()[:6]))
+        assert actor.route_counts[:, 0].sum() == given_tokens, (kind, actor.route_counts)
         batch.old_logp = replayed
         metrics = actor.train_step(batch, routes="old")
         assert all(torch.equal(a, b) for a, b in zip(actor.sequence_routes(batch), recorded)), kind
         assert metrics["router_grad_norm"] > 1e-6, metrics
         assert routing.agreement(metrics["route_counts"])["moe/route_agreement"] == 0.0
         after, _ = actor.logprobs(batch)
+        # the step's first passes ("old", "given") counted the routes given, the replays not
+        assert actor.forget_routes()[:, 0].sum() == given_tokens and not actor._kept
         results[kind] = {"replayed": [x.tolist() for x in replayed],
                          "after": [x.tolist() for x in after],
                          **{k: metrics[k] for k in ("loss", "grad_norm", "router_grad_norm")}}
