@@ -49,8 +49,8 @@ def test_given_routes_become_targets_and_reach_a_shared_prompts_row():
     # a group of three over a 2-token prompt: the first has no routes (a replay), the second's
     # prompt routes go to all; a group without any stays without
     second = torch.full((4, 1, 2), 7, dtype=torch.int8)
-    out = routing.given_to_shared_prompts([None, second, None, None], [3, 4, 5, 3],
-                                          [[0, 1, 2], [3]], [2, 2, 2, 1])
+    out = routing.shared_prompt_routes([None, second, None, None], [3, 4, 5, 3],
+                                       [[0, 1, 2], [3]], [2, 2, 2, 1])
     assert out[0][:, 0, 0].tolist() == [7, 7, -1] and out[2][:, 0, 0].tolist() == [7, 7, -1, -1, -1]
     assert torch.equal(out[1], second) and out[3] is None
 
@@ -76,7 +76,7 @@ def test_a_shared_prompts_routes_reach_every_sequence_of_its_group():
     routes = [torch.full((n, 1, 2), -1, dtype=torch.int8) for n in (5, 4, 5)]
     routes[0][:] = 1
     routes[1][3:] = 2  # its response; its prompt was the first sequence's
-    routing.share_prompts(routes, [[0, 1], [2]], [3, 3, 2])
+    routes = routing.shared_prompt_routes(routes, [5, 4, 5], [[0, 1], [2]], [3, 3, 2])
     assert routes[1][:, 0, 0].tolist() == [1, 1, 1, 2] and (routes[2] == -1).all()
 
 

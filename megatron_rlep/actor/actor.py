@@ -273,8 +273,8 @@ class Actor:
         if kept is None and batch.routes is not None:
             c, lengths, routes = self.hf_config, [len(t) for t in batch.tokens], batch.routes
             if self.share_prompts:
-                routes = routing.given_to_shared_prompts(routes, lengths, prompt_groups(batch),
-                                                         batch.prompt_lengths)
+                routes = routing.shared_prompt_routes(routes, lengths, prompt_groups(batch),
+                                                      batch.prompt_lengths)
             given = torch.cat([torch.full((n, c.num_hidden_layers, c.num_experts_per_tok), -1,
                                           dtype=self._route_dtype) if r is None else
                                r.to(self._route_dtype) for n, r in zip(lengths, routes)]
@@ -334,7 +334,8 @@ class Actor:
         dist.all_reduce(table, op=dist.ReduceOp.MAX)
         routes = list(table.cpu().split(lengths))
         if self.share_prompts:
-            routing.share_prompts(routes, prompt_groups(batch), batch.prompt_lengths)
+            routes = routing.shared_prompt_routes(routes, lengths, prompt_groups(batch),
+                                                  batch.prompt_lengths)
         return routes
 
     def _router_grad_norm(self) -> float | None:

@@ -92,33 +92,23 @@ def record(table: torch.Tensor, rows: torch.Tensor, used: dict[int, torch.Tensor
         table[rows[valid], layer] = experts[valid].to(table.dtype)
 
 
-def share_prompts(routes: list[torch.Tensor], groups: list[list[int]],
-                  prompt_lengths: list[int]) -> None:
-    """With shared prompts a prompt's routes are recorded for one sequence of each row: copied
-    here to every sequence of its group (the rows others kept, -1, give way to them)."""
-    for members in groups:
-        p = prompt_lengths[members[0]]
-        prompt = torch.stack([routes[i][:p] for i in members]).amax(0)
-        for i in members:
-            routes[i][:p] = prompt
-
-
-def given_to_shared_prompts(routes: list, lengths: list[int], groups: list[list[int]],
-                            prompt_lengths: list[int]) -> list:
-    """Routes given per sequence (None: none) for shared prompts, where a prompt is computed
-    once for a row of its group's sequences: the group's prompt routes, those of its first
-    sequence that has any, given to each sequence of the group (-1 after the prompt for one
-    that had none)."""
+def shared_prompt_routes(routes: list, lengths: list[int], groups: list[list[int]],
+                         prompt_lengths: list[int]) -> list:
+    """Routes per sequence (None: none) under shared prompts, where a prompt is computed once
+    for a row of its group's sequences (routes recorded for the row's first sequence only, or
+    given for some sequences only): each group's prompt routes, from its first sequence that
+    has them all, given to every sequence of the group (one that had none gets -1 after it)."""
     out = list(routes)
     for members in groups:
-        source = next((routes[i] for i in members if routes[i] is not None), None)
+        p = prompt_lengths[members[0]]
+        source = next((routes[i][:p] for i in members
+                       if routes[i] is not None and bool((routes[i][:p] >= 0).all())), None)
         if source is None:
             continue
-        p = prompt_lengths[members[0]]
         for i in members:
             mine = routes[i].clone() if routes[i] is not None else \
                 torch.full((lengths[i], *source.shape[1:]), -1, dtype=source.dtype)
-            mine[:p] = source[:p]
+            mine[:p] = source
             out[i] = mine
     return out
 

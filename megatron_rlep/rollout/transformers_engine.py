@@ -145,7 +145,7 @@ class _Routes:
         self.calls: list[list[torch.Tensor]] = [[] for _ in routers]
         for layer, router in enumerate(routers):
             router.register_forward_hook(
-                lambda module, args, out, layer=layer: self.calls[layer].append(out[2].cpu()))
+                lambda module, args, out, layer=layer: self.calls[layer].append(out[2]))
 
     def start(self) -> None:
         for calls in self.calls:
@@ -161,7 +161,7 @@ class _Routes:
             per_layer.append(torch.cat(fed))
         out = torch.full((prompt + response, len(per_layer), per_layer[0].shape[-1]), -1,
                          dtype=self.dtype)
-        routes = torch.stack(per_layer, 1)
+        routes = torch.stack(per_layer, 1).cpu()  # on the host once a completion, not a step
         out[:len(routes)] = routes.to(self.dtype)
         return out
 
