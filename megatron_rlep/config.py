@@ -473,25 +473,14 @@ class Config:
 
 def rollout_routes_problem(cfg: "Config") -> str | None:
     """Why ``actor.routing_replay=rollout`` (R3) cannot run with these settings, or None: the
-    routes come from the transformers engine, of answers generated in one piece this step."""
-    if cfg.actor.routing_replay != "rollout":
+    routes come from the transformers engine."""
+    r = cfg.rollout
+    if cfg.actor.routing_replay != "rollout" or r.engine == "transformers":
         return None
-    a, r = cfg.algorithm, cfg.rollout
-    why = [(r.engine != "transformers", f"rollout.engine={r.engine}",
-            "rollout.engine=transformers (vLLM returns routes only from its V2 model runner, "
-            "which needs Triton, and the trainer does not ask it for them yet)"),
-           (r.placement == "disaggregated", "rollout.placement=disaggregated",
-            "rollout.placement=colocated"),
-           (a.max_staleness > 0 or r.partial or r.extra_prompts > 0,
-            "asynchronous rollout (algorithm.max_staleness, rollout.partial, rollout.extra_prompts)",
-            "algorithm.max_staleness=0, rollout.partial=false and rollout.extra_prompts=0"),
-           (bool(r.tools), f"rollout.tools={list(r.tools)}", "rollout.tools=[]")]
-    for refused, what, fix in why:
-        if refused:
-            return (f"config key actor.routing_replay=rollout takes the engine's routes, which "
-                    f"{what} does not carry to the actor yet; set {fix}, or use "
-                    "actor.routing_replay=actor.")
-    return None
+    return (f"config key actor.routing_replay=rollout takes the engine's routes, which "
+            f"rollout.engine={r.engine} does not return to the trainer yet (vLLM returns them "
+            "only from its V2 model runner, which needs Triton); set rollout.engine=transformers "
+            "or actor.routing_replay=actor.")
 
 
 @dataclass

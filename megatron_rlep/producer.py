@@ -37,6 +37,7 @@ from megatron_rlep.groups import (Group, Sample, plan_group, replay_sample, resc
 from megatron_rlep.pool import Answer, ExperiencePool, question_key
 from megatron_rlep.replay import PassRates
 from megatron_rlep.rollout import answer_seed, encode_prompt, generate_sharded
+from megatron_rlep.rollout.base import padded_routes
 from megatron_rlep.rollout.stream import Flight
 
 
@@ -357,7 +358,8 @@ class Producer:
             [t for t, m in zip(a.token_ids, a.mask) if m], skip_special_tokens=True),
             replay=False, finished=a.finished, logprobs=tuple(a.logprobs),
             versions=tuple(a.versions), mask=tuple(a.mask) if tools else (),
-            calls=tuple(a.calls)) for a in flight.answers]
+            calls=tuple(a.calls), routes=padded_routes(
+                a.routes, len(flight.prompt_ids) + len(a.token_ids))) for a in flight.answers]
         return group
 
     def segment(self, prompts: list, counts: list[int], seed: int, max_tokens: int) -> list:

@@ -147,13 +147,7 @@ class Trainer:
                            **{k: v for k, v in asdict(cfg.parallel).items()
                               if k != "offload_during_rollout"})  # the trainer's to do
         if self.actor.routes and is_rank0():
-            r3 = cfg.actor.routing_replay == "rollout"
-            print(f"MoE routing replay: actor.routing_replay={cfg.actor.routing_replay} "
-                  f"({'R3' if r3 else 'R2'}), each update's pass sends a token to the experts of "
-                  + ("the engine that sampled it (a fresh answer's); a pool replay's tokens, "
-                     "without routes, to those of " if r3 else "")
-                  + "the step's first pass over it (the old log-probs' or the first update's); "
-                  "the routers still train", flush=True)
+            print(routes_line(cfg), flush=True)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor.hf_path)
         self.offload = cfg.parallel.offload_during_rollout
         if self.offload:  # before the engine starts: its start-up wants the memory free
@@ -532,6 +526,24 @@ def _memory_metrics() -> dict:
                 "perf/device_memory_used_gib": (total - free) / 2**30})
     torch.cuda.reset_peak_memory_stats()
     return out
+
+
+def routes_line(cfg: Config) -> str:
+    """The start-up line of MoE routing replay: where each kind of token's experts come from."""
+    if cfg.actor.routing_replay == "actor":
+        return ("MoE routing replay: actor.routing_replay=actor (R2), each update's pass sends a "
+                "token to the experts of the step's first pass over it (the old log-probs' or the "
+                "first update's); the routers still train")
+    r = cfg.rollout
+    kinds = ["a fresh answer's tokens to the experts of the engine's forward that fed them"
+             + (" (a partial rollout's, each segment's own)" if r.partial else "")]
+    if r.tools:
+        kinds.append("a tool's observation to those of the next turn's prefill")
+    if cfg.algorithm.replay_per_prompt:
+        kinds.append("a pool replay's, stored without routes, to those of the step's first pass "
+                     "over it")
+    return ("MoE routing replay: actor.routing_replay=rollout (R3), each update's pass sends "
+            + "; ".join(kinds) + "; later passes replay the first's; the routers still train")
 
 
 def _sequences(groups: list[Group]) -> SequenceBatch:

@@ -119,6 +119,28 @@ def test_an_asynchronous_run_repeats_to_the_digit_and_trains_tokens_two_versions
     assert "correction/fresh/is_weight_mean" in one[2]
 
 
+def killed_after_step_2(argv: list[str], run_dir: Path) -> str:
+    """The output of the trainer run by ``argv``, killed with SIGKILL once step 2's checkpoint
+    is the latest."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env(argv), start_new_session=True)
+    deadline = time.time() + scaled(600)
+    while proc.poll() is None and time.time() < deadline and not (
+            (run_dir / "checkpoints" / "latest").exists() and
+            (run_dir / "checkpoints" / "latest").read_text().strip() >= "step-000002"):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()[0]
+
+
+def resumed(argv: list[str]) -> None:
+    """The same command again, which resumes and runs to its end."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(600),
+                          env=env(argv))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "resuming from" in done.stdout
+
+
 @pytest.mark.e2e
 def test_every_prompt_trains_once_across_a_kill_9_within_the_bound(model, tmp_path):
     """Partial rollouts of 3 tokens, 2 prompts over-provisioned, N = 1, a checkpoint every step:
@@ -129,20 +151,9 @@ def test_every_prompt_trains_once_across_a_kill_9_within_the_bound(model, tmp_pa
     extra = ("algorithm.max_staleness=1", "rollout.partial=true", "rollout.segment_tokens=3",
              "rollout.extra_prompts=2")
     argv = [*launcher(1), "-m", "megatron_rlep.train", *tiny_args(model, run_dir, 6, *extra)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env(argv), start_new_session=True)
-    deadline = time.time() + scaled(600)
-    while proc.poll() is None and time.time() < deadline and not (
-            (run_dir / "checkpoints" / "latest").exists() and
-            (run_dir / "checkpoints" / "latest").read_text().strip() >= "step-000002"):
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    out = proc.communicate()[0]
+    out = killed_after_step_2(argv, run_dir)
     assert "asynchronous rollout: colocated engines, partial rollouts in segments of 3" in out
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(600),
-                          env=env(argv))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "resuming from" in done.stdout
+    resumed(argv)
     trained, lags = [], []
     for step in range(6):
         groups = json.loads((run_dir / "batches" / f"step-{step:06d}.json").read_text())
@@ -159,6 +170,38 @@ def test_every_prompt_trains_once_across_a_kill_9_within_the_bound(model, tmp_pa
     last = rows(run_dir)[-1]
     assert last["rollout/staleness_max"] <= 1 and last["rollout/stale_regenerated"] >= 0
     assert abs(last["rollout/tokens_lag_0"] + last["rollout/tokens_lag_1"] - 1) < 1e-9
+
+
+@pytest.mark.e2e
+def test_the_engines_routes_reach_the_update_through_partial_rollouts_and_a_kill_9(tmp_path):
+    """MoE routing replay R3 (actor.routing_replay=rollout) on the tiny Qwen3-MoE, asynchronous:
+    partial rollouts of 3 tokens, N = 1, a replay from a pool beside each group's fresh answers,
+    a checkpoint every step; killed with SIGKILL after step 2's checkpoint, the same command
+    resumes (the prompts in flight sampled again). The learning rate is 0, so the actor's
+    routers, fed the engine's routes token for token, choose the same experts (but near ties);
+    a route misplaced by a token (prompt, segment, observation or replay offsets) agrees with
+    them by chance, 1 in 6 (2 experts of 4). Each step replays the routes given (R3's first
+    passes, then R2's) and the routers get a gradient."""
+    model = tiny.make_model(tmp_path / "moe", "qwen3_moe")
+    pool = tiny.make_pool(tmp_path / "pool.parquet", 16, [1, 2], 1)
+    run_dir = tmp_path / "run"
+    argv = [*launcher(1), "-m", "megatron_rlep.train", *tiny_args(
+        model, run_dir, 4, "actor.routing_replay=rollout", "algorithm.lr=0",
+        "algorithm.replay_per_prompt=1", f"algorithm.pool={pool}", "algorithm.max_staleness=1",
+        "rollout.partial=true", "rollout.segment_tokens=3", "rollout.extra_prompts=2")]
+    out = killed_after_step_2(argv, run_dir)
+    assert "MoE routing replay: actor.routing_replay=rollout (R3)" in out, out[-3000:]
+    resumed(argv)
+    logged = {r["step"]: r for r in rows(run_dir)}
+    assert sorted(logged) == [1, 2, 3, 4]  # a row after each update
+    for step, r in enumerate(logged[k] for k in sorted(logged)):
+        assert all(r[f"moe/rollout_route_agreement_l{i}"] > 0.9 for i in range(2)), r
+        assert r["moe/route_agreement"] == 1.0 and r["moe/router_grad_norm"] > 0, r
+        groups = json.loads((run_dir / "batches" / f"step-{step:06d}.json").read_text())
+        assert any(s["replay"] for g in groups for s in g["samples"])
+        if step:  # answers sampled a segment at a time, over more than one engine call
+            assert max(len(s["response_ids"]) for g in groups for s in g["samples"]
+                       if not s["replay"]) > 3
 
 
 @pytest.mark.e2e
@@ -209,8 +252,12 @@ def torchrun(model, run_dir, steps, *extra, timeout=600):
 @pytest.mark.e2e
 def test_disaggregated_runs_and_a_dead_rollout_rank_ends_it_in_one_sentence(
         model, tmp_path):
+    """The first run is the tiny Qwen3-MoE with R3 (actor.routing_replay=rollout) and partial
+    rollouts: the rollout rank's routes reach the learners over the bridge."""
     run_dir = tmp_path / "run"
-    argv, environment = torchrun(model, run_dir, 2)
+    moe = tiny.make_model(tmp_path / "moe", "qwen3_moe")
+    argv, environment = torchrun(moe, run_dir, 2, "actor.routing_replay=rollout",
+                                 "rollout.partial=true", "rollout.segment_tokens=4")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(900),
                           env=environment)
     assert done.returncode == 0, why(done)
@@ -225,6 +272,7 @@ def test_disaggregated_runs_and_a_dead_rollout_rank_ends_it_in_one_sentence(
         assert r["rollout/staleness_max"] <= 1
         # both sides' memory: the learner's own and the rollout rank's, as it reported it
         assert r["perf/host_memory_gib"] > 0.1 and r["perf/rollout_host_memory_gib"] > 0.1, r
+        assert r["moe/rollout_route_agreement"] > 0.9, r  # by chance: 1 in 6
     # a rollout rank killed mid-run: the learners stop in one sentence, well within the timeout
     argv, environment = torchrun(model, tmp_path / "dies", 40, "rollout.timeout_s=300")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

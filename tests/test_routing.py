@@ -55,6 +55,26 @@ def test_given_routes_become_targets_and_reach_a_shared_prompts_row():
     assert torch.equal(out[1], second) and out[3] is None
 
 
+def test_an_answers_routes_grow_by_the_rows_each_completion_fed_last():
+    """A 2-token prompt, a first completion of 2 tokens (rows 0-2 fed, the last never: -1); a
+    second one continues after a 3-token observation: the first's fed rows stay, the rest are
+    the second's (its prefill fed the first's last token and the observation); rows of tokens
+    cut off the answer are dropped, and a finished answer's unfed rows are -1."""
+    from megatron_rlep.rollout.base import joined_routes, padded_routes
+
+    def rows(values):
+        return torch.tensor(values, dtype=torch.int8).view(-1, 1, 1)
+    first = joined_routes(None, rows([1, 1, 1, -1]))
+    assert first[:, 0, 0].tolist() == [1, 1, 1, -1]
+    second = rows([2, 2, 2, 2, 2, 2, 2, 2, 2, -1])  # prompt 2 + answer 4 + observation 3 + 1
+    grown = joined_routes(first, second)
+    assert grown[:, 0, 0].tolist() == [1, 1, 1, 2, 2, 2, 2, 2, 2, -1]
+    assert joined_routes(first, second, dropped=2)[:, 0, 0].tolist() == [1, 1, 1, 2, 2, 2, 2, 2]
+    assert joined_routes(first, None) is None and padded_routes(None, 4) is None
+    assert padded_routes(rows([3, 3]), 4)[:, 0, 0].tolist() == [3, 3, -1, -1]
+    assert padded_routes(grown, 10) is grown
+
+
 def batch():
     # two sequences of one prompt (3 tokens), one of another (2 tokens)
     return SequenceBatch([[7, 8, 9, 1, 2], [7, 8, 9, 3], [5, 6, 4, 4, 4]], [3, 3, 2])
@@ -125,17 +145,84 @@ def test_the_transformers_engine_returns_the_routes_a_plain_forward_takes(tmp_pa
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
     out = engine.generate(prompts, n=2, max_tokens=6, seed=3)
     reference = AutoModelForCausalLM.from_pretrained(model).eval()
-    picked = []
-    for layer in reference.model.layers:
-        layer.mlp.gate.register_forward_hook(lambda m, args, o: picked.append(o[2]))
     for prompt, completions in zip(prompts, out):
         for c in completions:
             ids = list(prompt) + list(c.token_ids)
-            picked.clear()
-            with torch.no_grad():
-                reference(torch.tensor([ids[:-1]]))
-            expected = torch.stack(picked, 1).sort(-1).values
             assert c.routes.shape == (len(ids), 2, 2) and c.routes.dtype == torch.int8
-            assert torch.equal(c.routes[:-1].long().sort(-1).values, expected)
+            assert torch.equal(c.routes[:-1].long().sort(-1).values, forward_routes(reference, ids))
             assert (c.routes[-1] == -1).all()
     assert len({tuple(c.token_ids) for cs in out for c in cs}) > 1  # the rows differ
+
+
+def forward_routes(model, ids) -> torch.Tensor:
+    """[tokens - 1, layers, top-k] experts (sorted) of a plain transformers forward over ``ids``
+    less the last token."""
+    picked = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, args, o: picked.append(o[2]))
+             for layer in model.model.layers]
+    with torch.no_grad():
+        model(torch.tensor([list(ids)[:-1]]))
+    for hook in hooks:
+        hook.remove()
+    return torch.stack(picked, 1).sort(-1).values
+
+
+def test_a_partial_rollouts_routes_are_each_segments_across_a_weight_update(tmp_path):
+    """The rollout stream in segments of 3 tokens on the transformers engine, its routers'
+    weights negated after the first segment (a weight update): each answer's rows up to the
+    one that fed its third token are the first weights' forward's, the rest the new weights'
+    (the second segment fed the third token again), token for token."""
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+    import tiny
+
+    from megatron_rlep.rollout.stream import Flight, RolloutStream
+    from megatron_rlep.rollout.transformers_engine import TransformersEngine
+
+    model = tiny.make_model(tmp_path / "m", "qwen3_moe")
+    before = AutoModelForCausalLM.from_pretrained(model).eval()
+    after = AutoModelForCausalLM.from_pretrained(model).eval()
+    with torch.no_grad():
+        for layer in after.model.layers:
+            layer.mlp.gate.weight.neg_()
+    after.save_pretrained(tmp_path / "after")
+    engine = TransformersEngine(str(model), batch_size=4, routes=True)
+    stream = RolloutStream(lambda prompts, counts, seeds, max_tokens: engine.generate(
+        prompts, counts, max_tokens=max_tokens, seed=seeds), 3, 8, max_staleness=5)
+    prompt = (5, 6, 7, 8, 9)
+    stream.dispatch([Flight(0, prompt, 2)], version=0)
+    stream.advance(0, seed=1)
+    engine.load_weights([list(load_file(tmp_path / "after" / "model.safetensors").items())])
+    while stream.pending():
+        stream.advance(1, seed=1)
+    for answer in stream.flights[0].answers:
+        ids = prompt + tuple(answer.token_ids)
+        assert answer.versions == [0, 0, 0, 1, 1, 1, 1, 1]
+        first, second = forward_routes(before, ids), forward_routes(after, ids)
+        cut = len(prompt) + 2  # the row that fed the third token, the second segment's
+        assert torch.equal(answer.routes[:-1].long().sort(-1).values,
+                           torch.cat([first[:cut], second[cut:]]))
+        assert (answer.routes[-1] == -1).all()
+        assert not torch.equal(first[cut:], second[cut:])  # the two weights route apart
+
+
+def test_the_start_up_line_says_where_each_kind_of_tokens_experts_come_from():
+    from megatron_rlep.config import compose
+    from megatron_rlep.train import routes_line
+
+    r3 = ["actor.routing_replay=rollout", "rollout.engine=transformers"]
+    plain = routes_line(compose([*r3, "algorithm.replay_per_prompt=0"]))
+    assert "(R3)" in plain and "pool replay" not in plain and "segment" not in plain
+    mixed = routes_line(compose([*r3, "algorithm.replay_per_prompt=2", "rollout.partial=true",
+                                 "algorithm.max_staleness=1", "rollout.tools=[python]"]))
+    for kind in ("each segment's own", "a tool's observation to those of the next turn's "
+                 "prefill", "a pool replay's, stored without routes"):
+        assert kind in mixed
+    assert "(R2)" in routes_line(compose(["actor.routing_replay=actor"]))
+    with pytest.raises(Exception, match="rollout.engine=vllm does not return"):
+        compose(["actor.routing_replay=rollout", "rollout.engine=vllm"]).check()

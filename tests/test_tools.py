@@ -25,9 +25,18 @@ EOS = 0
 FENCE = Fence(encode, decode)
 
 
+def labelled(context: int, new: int, label: int) -> torch.Tensor:
+    """A fake engine's MoE routes of a completion: one expert, ``label``, for each of the
+    ``context`` + ``new`` tokens it fed, -1 for the last (never fed)."""
+    rows = torch.full((context + new, 1, 1), label, dtype=torch.int8)
+    rows[-1] = -1
+    return rows
+
+
 def scripted(turns_by_prompt: dict):
     """A fake engine: the k-th call for a prompt returns that prompt's k-th scripted turn (a
-    turn ending in STOP is ``stopped``; one ending in "<eos>" is finished, the EOS a token)."""
+    turn ending in STOP is ``stopped``; one ending in "<eos>" is finished, the EOS a token),
+    with routes labelled k (``labelled``)."""
     asked, count = [], dict.fromkeys(turns_by_prompt, 0)
 
     def generate(contexts, seeds, max_tokens):
@@ -42,7 +51,8 @@ def scripted(turns_by_prompt: dict):
             ids = ids[:max_tokens]
             text = decode([t for t in ids if t != EOS])
             out.append(Completion(text, tuple(ids), finished and ids[-1] == EOS,
-                                  tuple(-0.5 for _ in ids), stopped=text.endswith(STOP)))
+                                  tuple(-0.5 for _ in ids), stopped=text.endswith(STOP),
+                                  routes=labelled(len(context), len(ids), count[prompt] - 1)))
         return out
     return generate, asked
 
@@ -103,6 +113,11 @@ def test_three_turns_train_exactly_the_tokens_sampled_and_mask_only_the_model_to
                                      prompt + tuple(expected[:-len("Answer: 5") - 1])]
     assert [a[1] for a in asked] == [7, request_seed(7, len(turns[0]) + len(obs[0])),
                                      request_seed(7, len(expected) - len("Answer: 5") - 1)]
+    # MoE routes (actor.routing_replay=rollout): a token's row is the call's that fed it last,
+    # so a turn's last token and the observation after it have the next call's prefill rows
+    labels = [0] * (len(prompt) + len(turns[0]) - 1) + [1] * (len(obs[0]) + len(turns[1])) + \
+        [2] * (len(obs[1]) + len("Answer: 5") + 1) + [-1]
+    assert c.routes[:, 0, 0].tolist() == labels
 
 
 def test_an_answer_that_never_calls_a_tool_is_all_the_models():
@@ -122,6 +137,8 @@ def test_the_length_limit_cuts_a_turn_or_an_observation_and_ends_the_answer():
     (c,) = run_turns(generate, FENCE, box, [prompt], [1], len(call) + 5, max_turns=4)
     assert len(c.token_ids) == len(call) + 5 and not c.finished
     assert list(c.mask) == [True] * len(call) + [False] * 5
+    # the observation was never fed: no routes (-1, the actor's router chooses)
+    assert c.routes[:, 0, 0].tolist() == [0] * (len(prompt) + len(call) - 1) + [-1] * 6
     # a turn cut at the limit: its tokens up to it, all the model's, no call made
     generate, _ = scripted({prompt: [call]})
     (c,) = run_turns(generate, FENCE, box, [prompt], [1], 10, max_turns=4)
@@ -269,9 +286,12 @@ def test_in_the_rollout_stream_a_call_whose_end_falls_across_two_segments_runs_o
             new = new[:cut + len(STOP)] if cut >= 0 else new
             ids = [EOS if ch == "\x00" else ord(ch) for ch in new]
             out.append([Completion(decode(ids), tuple(ids), bool(ids) and ids[-1] == EOS,
-                                   tuple(-0.5 for _ in ids), stopped=cut >= 0)])
+                                   tuple(-0.5 for _ in ids), stopped=cut >= 0,
+                                   routes=labelled(len(context), len(ids), len(calls)))])
+        calls.append(1)  # a call a version
         return out
 
+    calls = []
     box = toolbox({"print(2)": Result("2\n")})
     a, _ = grown(engine, prompt, Turns(box, FENCE, max_turns=2), 100)
     obs = observation(Result("2\n"), 40)
@@ -281,6 +301,11 @@ def test_in_the_rollout_stream_a_call_whose_end_falls_across_two_segments_runs_o
     # the call's last segment (version 5) was cut after the fence; the output joined at 5 too
     assert a.versions == [k // 4 for k in range(len(call))] + [5] * len(obs) + \
         [6 + k // 4 for k in range(10)]
+    # MoE routes (actor.routing_replay=rollout): each model token's log-prob came from a
+    # forward whose routes are the version's that sampled it (the row before it); an
+    # observation's rows, and the cut call's last token's, are the next segment's prefill's
+    expected = [0] * (len(prompt) - 1) + [v if m else v + 1 for v, m in zip(a.versions, a.mask)]
+    assert a.routes[:, 0, 0].tolist() == expected + [-1]
 
 
 @pytest.fixture(scope="module")

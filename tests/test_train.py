@@ -485,26 +485,6 @@ def test_each_model_family_takes_rlep_steps(assets, family_models, tmp_path, fam
         assert line["moe/router_grad_norm"] > 0
 
 
-@pytest.mark.e2e
-def test_the_engines_routes_are_replayed_through_the_trainer(assets, family_models, tmp_path):
-    """actor.routing_replay=rollout (R3) on the transformers engine, which returns each fresh
-    answer's routes: each step's first passes replay them (pool replays, without routes, route
-    as the actor chooses) and count the actor's own choice against them, by layer, and the later
-    updates replay what the first passes used; a resumed run goes on the same way."""
-    model = family_models["qwen3_moe"]
-    extra = ("actor.routing_replay=rollout",)
-    first = train((model, assets[1]), tmp_path / "run", *extra, steps=1)
-    assert "actor.routing_replay=rollout (R3)" in first.stdout
-    train((model, assets[1]), tmp_path / "run", *extra, steps=2)
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [0, 1, 2]  # the second start resumed at step 1
-    for x in lines[1:]:
-        # the engine and the actor share fp32 weights: their experts agree, but for near ties
-        assert all(x[f"moe/rollout_route_agreement_l{i}"] > 0.9 for i in range(2)), x
-        assert 0 < x["moe/route_agreement"] <= 1 and x["moe/router_grad_norm"] > 0
-        assert x["train/replay_fraction"] > 0
-
-
 RANDOM_REWARD = '''import random
 
 

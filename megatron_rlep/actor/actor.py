@@ -272,6 +272,11 @@ class Actor:
         kept, given = self._kept.get(key), None
         if kept is None and batch.routes is not None:
             c, lengths, routes = self.hf_config, [len(t) for t in batch.tokens], batch.routes
+            for i, (n, r) in enumerate(zip(lengths, routes)):
+                if r is not None and len(r) != n:
+                    raise ValueError(f"sequence {i} of the batch has {n} tokens and routes for "
+                                     f"{len(r)}: the engine's routes must cover its prompt and "
+                                     "response, a row a token")
             if self.share_prompts:
                 routes = routing.shared_prompt_routes(routes, lengths, prompt_groups(batch),
                                                       batch.prompt_lengths)

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 @dataclass(frozen=True)
@@ -36,6 +34,27 @@ class Completion:
     # response, [tokens, layers, top-k] (-1: never fed, the response's last token), when the
     # engine was asked for them (actor.routing_replay=rollout)
     routes: torch.Tensor | None = field(default=None, compare=False)
+
+
+def joined_routes(before, after, dropped: int = 0):
+    """An answer's MoE routes grown by a completion's (``Completion.routes``; None without):
+    ``before``'s rows of the tokens it fed (all but its last row), then ``after``'s, less the
+    rows of the completion's last ``dropped`` tokens (cut off the answer). A completion that
+    continues an answer fed its context again, so the rows ``before`` never fed (its last
+    token's, a tool's observation's) are that prefill's, by the weights that sampled the tokens
+    after them: a partial rollout's rows each come from the segment that fed them last."""
+    if after is None:
+        return None
+    if before is not None:
+        after = torch.cat([before[:len(before) - 1], after[len(before) - 1:]])
+    return after[:len(after) - dropped]
+
+
+def padded_routes(routes, rows: int):
+    """``routes`` with rows of -1 (never fed: the router chooses) up to ``rows``."""
+    if routes is None or len(routes) >= rows:
+        return routes
+    return torch.cat([routes, routes.new_full((rows - len(routes), *routes.shape[1:]), -1)])
 
 
 def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:

@@ -90,7 +90,8 @@ class RolloutRank:
         self.peers = self._engine_group() if r.tensor_parallel > 1 else None
         self.engine = make_engine(r, resolve_model_path(cfg.model.path),
                                   compute_dtype(cfg.model.dtype), cfg.seed, engine_length(cfg),
-                                  dedicated=True, sandbox=cfg.sandbox)
+                                  dedicated=True, sandbox=cfg.sandbox,
+                                  routes=cfg.actor.routing_replay == "rollout")
         self.reader = index % r.tensor_parallel == 0  # it alone reads the bridge and reports
         self.stream = RolloutStream(self._generate, r.segment_tokens if r.partial else
                                     r.max_response_length, r.max_response_length,

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from megatron_rlep.rollout.base import Completion, answer_seed
+from megatron_rlep.rollout.base import Completion, answer_seed, joined_routes
 
 
 @dataclass
@@ -50,6 +50,9 @@ class Answer:
     calls: list = field(default_factory=list)
     turn: int = 0
     scanned: int = 0
+    # a MoE model's routes of every token fed so far, prompt first, where the engine returns
+    # them (actor.routing_replay=rollout; base.joined_routes)
+    routes: object = None
 
 
 @dataclass
@@ -160,6 +163,7 @@ def extend(answer: Answer, completion: Completion, version: int, asked: int, lim
     answer.versions += [version] * len(ids)
     answer.mask += [True] * len(ids)
     answer.finished = completion.finished
+    answer.routes = joined_routes(answer.routes, completion.routes)
     # an answer stopped at the end of a code block goes on after its tool's output
     answer.done = completion.finished or len(ids) >= limit or \
         (len(ids) < asked and not completion.stopped)

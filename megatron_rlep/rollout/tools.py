@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from megatron_rlep.errors import RunError
-from megatron_rlep.rollout.base import Completion, counts_and_seeds, request_seed
+from megatron_rlep.rollout.base import (Completion, counts_and_seeds, joined_routes,
+                                        padded_routes, request_seed)
 from megatron_rlep.rollout.tool_workers import ToolWorkers, WorkerGone
 
 STOP = "\n```\n"  # the end of a code block (an opening one has a tag: ```python)
@@ -287,10 +288,12 @@ class Trajectory:
     finished: bool = False
     done: bool = False
     text: str = ""  # the model's own text, turn after turn
+    routes: object = None  # MoE routes of the tokens fed so far (base.joined_routes)
 
     def completion(self) -> Completion:
         return Completion(self.text, tuple(self.token_ids), self.finished, tuple(self.logprobs),
-                          tuple(self.mask), tuple(self.calls))
+                          tuple(self.mask), tuple(self.calls), routes=padded_routes(
+                              self.routes, len(self.prompt_ids) + len(self.token_ids)))
 
 
 def run_calls(toolbox: Toolbox, found: list[list], collective: bool = False) -> list[list[Result]]:
@@ -346,6 +349,7 @@ def run_turns(generate, fmt, toolbox: Toolbox, prompts: list[tuple], seeds: list
             answer.token_ids += ids
             answer.logprobs += list(c.logprobs[:room])
             answer.mask += [True] * len(ids)
+            answer.routes = joined_routes(answer.routes, c.routes, len(c.token_ids) - len(ids))
             answer.text += turn
             answer.finished = c.finished and whole
             paused = c.finished if at_eos else c.stopped
@@ -418,6 +422,8 @@ class Turns:
             if cut is None:
                 continue
             if self.stop:  # cut where the engine would have stopped: the answer goes on
+                if a.routes is not None:
+                    a.routes = a.routes[:len(a.routes) - (len(a.token_ids) - cut)]
                 for values in (a.token_ids, a.logprobs, a.versions, a.mask):
                     del values[cut:]
                 a.finished, a.done = False, cut >= max_tokens
