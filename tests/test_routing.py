@@ -1,6 +1,8 @@
 """MoE routing replay's pieces on hand-made numbers (megatron_rlep/actor/routing.py); the actor
 with it on every layout: tests/test_actor.py, through the trainer: tests/test_train.py."""
 
+import math
+
 import pytest
 import torch
 
@@ -226,3 +228,22 @@ def test_the_start_up_line_says_where_each_kind_of_tokens_experts_come_from():
     assert "(R2)" in routes_line(compose(["actor.routing_replay=actor"]))
     with pytest.raises(Exception, match="rollout.engine=vllm does not return"):
         compose(["actor.routing_replay=rollout", "rollout.engine=vllm"]).check()
+
+
+def test_the_precision_study_counts_a_token_flipped_by_the_position_that_predicts_it():
+    """studies/routing_precision.py's pieces: a response token is flipped where some layer's
+    experts at the row before it differ (as sets) from the engine's; a ratio outside the clip
+    band counts."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "studies"))
+    from routing_precision import arm, flipped
+
+    engine = torch.tensor([[[0, 1]], [[2, 3]], [[0, 2]], [[1, 3]], [[-1, -1]]])  # 2 + 3 tokens
+    own = torch.tensor([[[3, 3]], [[3, 2]], [[2, 1]], [[1, 3]], [[0, 0]]])
+    # rows 1-3 predict the 3 response tokens: row 1 the same set, row 2 not, row 3 the same
+    assert flipped([engine], [own], prompt=2).tolist() == [False, True, False]
+    out = arm([[-1.0, -2.0]], [torch.tensor([-1.0, -2.0 + math.log(1.3)])], 0.2, 0.28)
+    assert out["outside_clip"] == 0.5 and out["beyond_1pct"] == 0.5
+    assert out["logp_diff_max"] == pytest.approx(math.log(1.3))
