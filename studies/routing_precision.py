@@ -3,19 +3,19 @@ engine in lower precision and the update: the engine samples in bfloat16, the ac
 same answers in float32, twice on one actor: routed by the engine's experts (R3) and by its own
 routers (none). The two arms differ in the routes alone.
 
-    python studies/routing_precision.py [--seeds 5] [--sequences 16] [--prompt 64]
+    python studies/routing_precision.py [--seeds 5] [--first 1] [--sequences 16] [--prompt 64]
                                         [--response 128] [--json FILE]
 
 The random Qwen3-MoE of studies/routing_cost.py (4 layers, 16 experts, 4 a token) with
 SmolLM2's tokenizer, on the transformers engine (top-p 1, temperature 1, so the engine's
 log-probs are the actor's quantity). Per seed: random prompts, one answer each. Per arm, over
-the response tokens, the trainer's mismatch metrics (``loss.rollout_mismatch``: mean and max
-|log p_actor - log p_engine|, the k3 KL) and the share of tokens whose ratio p_actor / p_engine
-lies outside the clip band [1 - clip_low, 1 + clip_high] (0.8, 1.28), and beyond 1% of 1
-(a finer band). A token is *flipped*
-where, in some layer, the actor's own experts for the position that predicts it differ from the
-engine's. Prints each seed and the R3 / none ratio of the mean mismatch with a 95% t-interval
-over seeds.
+the response tokens: the trainer's mismatch metrics (``loss.rollout_mismatch``: mean and max
+|log p_actor - log p_engine|, the k3 KL); the share of tokens whose ratio p_actor / p_engine
+lies outside the clip band [1 - clip_low, 1 + clip_high] (0.8, 1.28), and beyond 1% of 1 (a
+finer band); the share whose experts in the pass (the actor's record,
+``Actor.sequence_routes``) were the engine's. A token counts as on its experts where every
+layer's experts at the position that predicts it are the engine's (as sets). Prints each seed
+and the R3 / none ratio of each figure with a 95% t-interval over seeds.
 """
 
 import argparse
@@ -80,18 +80,23 @@ def one_seed(engine, actor, seed: int, args, clip) -> dict:
     given = SequenceBatch(tokens, lengths, advantages=torch.zeros(len(tokens)),
                           routes=[c.routes for c in completions])
     r3 = actor.logprobs(given, routes="r3")[0]
+    used = actor.sequence_routes(given, "r3")  # the experts the R3 pass sent each token to
     counts = actor.forget_routes()
     own = SequenceBatch(tokens, lengths, advantages=torch.zeros(len(tokens)))
     none = actor.logprobs(own, routes="own")[0]  # no routes given: each router's own choice
     own_routes = actor.sequence_routes(own, "own")
     actor.forget_routes()
     flips = flipped([c.routes for c in completions], own_routes, args.prompt)
+    replayed = flipped([c.routes for c in completions], used, args.prompt)
     d_none = torch.cat([a - torch.tensor(b) for b, a in zip(behaviour, none)]).abs()
     d_r3 = torch.cat([a - torch.tensor(b) for b, a in zip(behaviour, r3)]).abs()
     given_tokens = counts[:, 0].sum()
     return {"seed": seed, "response_tokens": int(len(flips)),
             "layer_agreement": float(counts[:, 1].sum() / given_tokens),
             "flipped_share": float(flips.float().mean()),
+            # the share of response tokens whose experts in the pass were the engine's, each arm
+            "engines_experts": {"none": 1 - float(flips.float().mean()),
+                                "r3": 1 - float(replayed.float().mean())},
             "none": arm(behaviour, none, *clip), "r3": arm(behaviour, r3, *clip),
             "diff_on_flipped": {"none": float(d_none[flips].mean()) if flips.any() else None,
                                 "r3": float(d_r3[flips].mean()) if flips.any() else None},
@@ -102,6 +107,7 @@ def one_seed(engine, actor, seed: int, args, clip) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first", type=int, default=1, help="the first seed")
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--response", type=int, default=128)
@@ -119,10 +125,13 @@ def main() -> None:
     engine = TransformersEngine(str(model), dtype=torch.bfloat16, batch_size=args.sequences,
                                 routes=True)
     actor = Actor(str(model), algorithm, micro_batch_size=4, routing_replay="rollout")
-    seeds = [one_seed(engine, actor, seed, args, clip) for seed in range(1, args.seeds + 1)]
+    seeds = [one_seed(engine, actor, seed, args, clip)
+             for seed in range(args.first, args.first + args.seeds)]
     for s in seeds:
         print(f"seed {s['seed']}: {s['response_tokens']} tokens, {s['flipped_share']:.1%} "
-              f"flipped (layer agreement {s['layer_agreement']:.1%}); mean |d| none "
+              f"flipped (layer agreement {s['layer_agreement']:.1%}); on the engine's experts "
+              f"none {s['engines_experts']['none']:.1%}, R3 {s['engines_experts']['r3']:.1%}; "
+              f"mean |d| none "
               f"{s['none']['logp_diff_mean']:.4f}, R3 {s['r3']['logp_diff_mean']:.4f}; outside "
               f"the clip none {s['none']['outside_clip']:.2%}, R3 {s['r3']['outside_clip']:.2%}; "
               f"on flipped tokens none {s['diff_on_flipped']['none']:.3f}, "
@@ -144,7 +153,8 @@ def main() -> None:
         print(f"{key}: none {summary[key]['none']:.4g}, R3 {summary[key]['r3']:.4g}; R3 / none "
               f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] (95% t-interval over "
               f"{len(ratios)} seeds)")
-    result = {"sequences": args.sequences, "prompt": args.prompt, "response": args.response,
+    result = {"first_seed": args.first, "sequences": args.sequences, "prompt": args.prompt,
+              "response": args.response,
               "engine_dtype": "bfloat16", "actor_dtype": "float32", "clip": list(clip),
               "threads": torch.get_num_threads(), "seeds": seeds, "summary": summary}
     if args.json:

@@ -41,7 +41,7 @@ def test_a_rollout_rank_sizes_its_engine_for_validation_and_has_its_gpu_to_itsel
     asked = {}
 
     def make_engine(rollout, path, dtype, seed, max_model_len, tensor_parallel=None,
-                    dedicated=False, sandbox=None):
+                    dedicated=False, sandbox=None, routes=False):
         asked.update(max_model_len=max_model_len, dedicated=dedicated)
         raise Built
 
