@@ -128,6 +128,16 @@ def test_a_dense_model_or_a_recompute_under_pipeline_parallelism_is_refused_in_o
     assert routing_problem("actor", moe, 2, "selective") is None
 
 
+def test_the_router_is_never_fused_as_the_fused_one_skips_the_hook():
+    from types import SimpleNamespace
+
+    from megatron_rlep.actor.hf import _moe_settings
+
+    moe = SimpleNamespace(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=8, norm_topk_prob=True)
+    assert _moe_settings(moe, 1, 0.0, True)["moe_router_fusion"] is False
+
+
 def test_the_transformers_engine_returns_the_routes_a_plain_forward_takes(tmp_path):
     """Batched, left-padded and decoded token by token with a KV cache, each completion's routes
     are the experts a forward pass over its prompt and response alone picks, token for token;

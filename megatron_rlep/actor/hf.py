@@ -202,7 +202,7 @@ def _moe_settings(c, expert_parallel: int, router_aux_loss: float, grouped_gemm:
     when ``norm_topk_prob``: Megatron's top-k-then-softmax; else softmax-then-top-k), a rank's
     experts as one grouped GEMM (``grouped_gemm``: Transformer Engine's TEGroupedMLP) or one
     after another (SequentialMLP: the local specs'), tokens to the experts' ranks by all-to-all,
-    experts not split over TP (expert TP 1)."""
+    experts not split over TP (expert TP 1), the router unfused."""
     if c.model_type != "qwen3_moe":
         return {}
     return dict(
@@ -211,7 +211,8 @@ def _moe_settings(c, expert_parallel: int, router_aux_loss: float, grouped_gemm:
         moe_router_score_function="softmax", moe_token_dispatcher_type="alltoall",
         moe_grouped_gemm=grouped_gemm, expert_model_parallel_size=expert_parallel,
         expert_tensor_parallel_size=1, moe_aux_loss_coeff=router_aux_loss,
-        moe_router_load_balancing_type="aux_loss" if router_aux_loss else "none")
+        moe_router_load_balancing_type="aux_loss" if router_aux_loss else "none",
+        moe_router_fusion=False)  # the fused router skips routing replay's hook (routing.py)
 
 
 def spec_options(hf_config) -> dict:
