@@ -189,3 +189,35 @@ def test_the_estimand_is_the_difference_in_differences_with_both_intervals(tmp_p
     assert table.startswith("Difference-in-differences: RLEP minus baseline in the arm, minus "
                             "the same in sync")
     assert "| n1 | 2 | -0.625 | [" in table and "| -0.500 | [-0.500, -0.500] |" in table
+
+
+def test_the_delay_model_finds_a_shifted_curve_and_says_what_a_shift_leaves():
+    """Issue 78, item 4, by hand: a curve that is the reference 1.5 steps later fits d = 1.5
+    with no residual (unshifted it is 0.15 off at three of five points); one that stops short
+    of the reference's plateau leaves a residual at any shift."""
+    reference = {0: 0.0, 2: 0.2, 4: 0.4, 6: 0.6, 8: 0.6}
+    assert staleness_study.at(reference, -1) == 0.0 and staleness_study.at(reference, 9) == 0.6
+    assert staleness_study.at(reference, 4.5) == pytest.approx(0.45)
+    late = {s: staleness_study.at(reference, s - 1.5) for s in reference}
+    assert late == pytest.approx({0: 0.0, 2: 0.05, 4: 0.25, 6: 0.45, 8: 0.6})
+    fit = staleness_study.delay_fit(reference, late, most=4)
+    assert fit["delay"] == pytest.approx(1.5) and fit["rms"] == pytest.approx(0.0, abs=1e-12)
+    assert fit["rms_unshifted"] == pytest.approx(0.15 * (3 / 5) ** 0.5)
+    short = {0: 0.0, 2: 0.2, 4: 0.3, 6: 0.3, 8: 0.3}
+    assert staleness_study.delay_fit(reference, short, most=4)["rms"] > 0.05
+
+
+def test_the_study_fits_the_delay_per_seed_and_reports_it(tmp_path):
+    """The hand-made arms: n1's baseline is the synchronous one's curve (d = 0); its RLEP
+    (0, 0, 0.25 at steps 0, 2, 4) is best matched by the synchronous RLEP (0, 0.5, 0.75) at
+    the largest shift allowed, 2 steps (half the last step), with 0.25 left at step 4."""
+    result = staleness_study.study(arms(tmp_path))
+    delay = result["arms"]["n1"]["delay"]
+    assert delay["baseline"]["mean"] == 0.0 and delay["baseline"]["rms"] == 0.0
+    assert delay["rlep"]["per_seed"][1] == pytest.approx(
+        {"delay": 2.0, "rms": (0.25 ** 2 / 3) ** 0.5,
+         "rms_unshifted": ((0.5 ** 2 + 0.5 ** 2) / 3) ** 0.5})
+    assert "delay" not in result["arms"]["sync"]
+    table = staleness_study.markdown(result)
+    assert "Delay model: each arm's validation points against sync's" in table
+    assert "| n1 | rlep | 2 | 2.00 [2.00, 2.00] | 0.50 | 0.144 | 0.408 |" in table
