@@ -95,8 +95,10 @@ class CorrectionConfig:
     # above C: truncate the weight to C | mask: drop the token (AReaL)
     is_mode: str = one_of("truncate", "mask", default="truncate")
     # the groups' mean and spread: plain | weighted (fresh answers weighted by their sequence
-    # ratio pi_old / pi_behaviour within [1/C, C]: the baseline of the policy being trained)
-    baseline: str = one_of("plain", "weighted", default="plain")
+    # ratio pi_old / pi_behaviour within [1/C, C]: the baseline of the policy being trained) |
+    # fresh (a replay's reward centred on its group's fresh answers alone, the answers of the
+    # policies being trained, not on a mean its fellow replays lift; fresh answers' as plain)
+    baseline: str = one_of("plain", "weighted", "fresh", default="plain")
     # M2PO (arXiv 2510.01161): the fresh tokens with the largest squared log-ratio
     # log(pi_old / pi_behaviour)^2 leave the loss until the rest's mean is at most this (the
     # paper's tau = 0.04); null: off

@@ -151,14 +151,17 @@ def without_unscored(groups: list[Group]) -> int:
 
 
 def assign_advantages(groups: list[Group], normalize_std: bool = True,
-                      weights: Optional[list[float]] = None) -> None:
+                      weights: Optional[list[float]] = None, fresh_baseline: bool = False) -> None:
     """Each sample's advantage over its group (``loss.group_advantages``); ``weights``, one
-    per sample in order, weigh the groups' means and spreads."""
+    per sample in order, weigh the groups' means and spreads; ``fresh_baseline``: a replay's
+    is centred on its group's fresh answers alone."""
     rewards = torch.tensor([r for g in groups for r in g.rewards])
     ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
     if not len(rewards):
         return
+    replays = torch.tensor([s.replay for g in groups for s in g.samples]) if fresh_baseline \
+        else None
     advantages = group_advantages(rewards, ids, normalize_std, weights=None if weights is None
-                                  else torch.tensor(weights)).tolist()
+                                  else torch.tensor(weights), replays=replays).tolist()
     for s, a in zip((s for g in groups for s in g.samples), advantages):
         s.advantage = a

@@ -17,28 +17,40 @@ import torch
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool = True,
-                     eps: float = 1e-6, weights: torch.Tensor | None = None) -> torch.Tensor:
+                     eps: float = 1e-6, weights: torch.Tensor | None = None,
+                     replays: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sequence advantages normalised within groups.
 
     ``rewards[i]`` is sequence i's scalar reward and ``groups[i]`` its prompt's group id.
     The std is the unbiased (Bessel-corrected) one, as in the reference's GRPO estimator.
     A group of one sequence carries no comparison and gets advantage 0. With ``weights`` the
     group's mean and variance are weighted (sum_i w_i x_i / sum_i w_i; the variance's Bessel
-    factor n / (n - 1) kept), which all weights 1 leave as they are.
+    factor n / (n - 1) kept), which all weights 1 leave as they are. With ``replays`` (a mask)
+    a replay's reward is centred on the mean of its group's other answers, the fresh ones,
+    instead (on the group's mean where it has none), over the same spread: the other replays
+    do not lift its baseline; the fresh answers' advantages are unchanged.
     """
     rewards = rewards.double()
     w = torch.ones_like(rewards) if weights is None else weights.double()
     _, index = torch.unique(groups, return_inverse=True)
     size = int(index.max()) + 1
-    n = torch.zeros(size, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
-    total = torch.zeros(size, dtype=torch.float64).index_add_(0, index, w)
-    mean = torch.zeros_like(n).index_add_(0, index, w * rewards) / total
+
+    def per_group(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(size, dtype=torch.float64).index_add_(0, index, values)
+    n, total = per_group(torch.ones_like(rewards)), per_group(w)
+    mean = per_group(w * rewards) / total
     centred = rewards - mean[index]
+    if replays is not None:
+        fresh = (~replays).double()
+        count = per_group(fresh)
+        centre = torch.where(count > 0, per_group(fresh * rewards) / count.clamp(min=1), mean)
+        centred_out = torch.where(replays, rewards - centre[index], centred)
+    else:
+        centred_out = centred
     if not normalize_std:
-        return torch.where(n[index] > 1, centred, 0.0).float()
-    var = torch.zeros_like(n).index_add_(0, index, w * centred**2) / total * n / \
-        (n - 1).clamp(min=1)
-    advantages = centred / (var.sqrt()[index] + eps)
+        return torch.where(n[index] > 1, centred_out, 0.0).float()
+    var = per_group(w * centred**2) / total * n / (n - 1).clamp(min=1)
+    advantages = centred_out / (var.sqrt()[index] + eps)
     return torch.where(n[index] > 1, advantages, 0.0).float()
 
 

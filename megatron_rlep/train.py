@@ -221,7 +221,8 @@ class Trainer:
         forward pass of their own first."""
         a = self.cfg.algorithm
         self.rollout.before_update()
-        assign_advantages(groups, a.normalize_std)
+        assign_advantages(groups, a.normalize_std,
+                          fresh_baseline=a.correction.baseline == "fresh")
         self.actor.begin_step(self.step)
         batch = _sequences(groups)
         offsets = [0]
@@ -510,6 +511,9 @@ def correction_line(c) -> str:
                  f"at most {c.m2_threshold:g} (M2PO, algorithm.correction.m2_threshold)")
     if c.baseline == "weighted":
         what += ", group baselines weighted to the trained policy (algorithm.correction.baseline)"
+    if c.baseline == "fresh":
+        what += (", replays' advantages against their group's fresh answers alone "
+                 "(algorithm.correction.baseline=fresh)")
     return what
 
 

@@ -29,6 +29,25 @@ def test_advantages_are_normalised_per_mixed_group():
     assert centred.tolist() == pytest.approx([0.8, -1.2, -1.2, 0.8, 0.8, -1, 1, 0], abs=1e-6)
 
 
+def test_a_fresh_baseline_centres_replays_on_their_groups_fresh_answers():
+    """algorithm.correction.baseline=fresh, by hand. Group 7 as above (fresh 1, -1, -1;
+    replays 1, 1): the fresh mean is -1/3, so each replay gets (1 + 1/3) / sqrt(1.2) where the
+    plain baseline gives 0.8 / sqrt(1.2); the fresh answers keep theirs. Group 5: every fresh
+    answer wrong (-1, -1) and a replay right: plain mean -1/3, unbiased variance 4/3; the
+    replay gets 2 / sqrt(4/3) = sqrt(3), not 1.333 / sqrt(4/3). A group of replays alone
+    falls back to its own mean."""
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0])
+    groups = torch.tensor([7, 7, 7, 7, 7, 5, 5, 5, 2, 2])
+    replays = torch.tensor([False, False, False, True, True, False, False, True, True, True])
+    adv = group_advantages(rewards, groups, eps=0.0, replays=replays)
+    s7, s5 = math.sqrt(1.2), math.sqrt(4 / 3)
+    expected = [0.8 / s7, -1.2 / s7, -1.2 / s7, (4 / 3) / s7, (4 / 3) / s7,
+                (-2 / 3) / s5, (-2 / 3) / s5, 2 / s5, 1 / math.sqrt(2), -1 / math.sqrt(2)]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    centred = group_advantages(rewards, groups, normalize_std=False, replays=replays)
+    assert centred[[3, 4, 7]].tolist() == pytest.approx([4 / 3, 4 / 3, 2.0])
+
+
 def test_ratio_one_is_never_clipped():
     logp = torch.tensor([[-0.5, -2.0, -0.1]])
     for a in (-3.0, -0.2, 0.0, 0.7, 5.0):

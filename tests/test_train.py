@@ -380,8 +380,10 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
     model, pool = assets
     sampled = tiny.with_sampled_logprobs(pool, tmp_path / "sampled", model)
     settings = {
-        # warm-up counted in rollout steps: both updates of a step alike, resumed or not
-        "uniform": ["algorithm.warmup_steps=2"],
+        # warm-up counted in rollout steps: both updates of a step alike, resumed or not; a
+        # replay's advantage centred on its group's fresh answers alone
+        "uniform-fresh-baseline": ["algorithm.warmup_steps=2",
+                                   "algorithm.correction.baseline=fresh"],
         "rescue-token-is": ["algorithm.replay.strategy=rescue", "algorithm.correction.is_level=token",
                             "algorithm.correction.rs_level=token",
                             "algorithm.correction.rs_threshold=1.5"],
@@ -416,10 +418,21 @@ def test_replay_strategies_and_corrections_resume_the_same_streams(assets, tmp_p
         assert steps == [1, 2], (name, steps)  # one line per step, none repeated on resume
         for run in ("straight", "resumed"):
             lrs = [x["actor/lr"] for x in metrics(name, run)]
-            assert lrs == pytest.approx([5e-4, 1e-3] if name == "uniform" else [1e-3, 1e-3])
+            assert lrs == pytest.approx([5e-4, 1e-3] if name.startswith("uniform") else
+                                        [1e-3, 1e-3])
         last = metrics(name, "resumed")[-1]
         assert last["actor/loss"] == pytest.approx(metrics(name, "straight")[-1]["actor/loss"], rel=1e-4)
         groups = [g for step in straight for g in step]
+        if name.startswith("uniform"):  # fresh answers as plain, replays on the fresh mean
+            for g in groups:
+                rewards = [s["reward"] for s in g["samples"]]
+                fresh = [s["reward"] for s in g["samples"] if not s["replay"]]
+                mean, centre = sum(rewards) / len(rewards), sum(fresh) / len(fresh)
+                std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+                for s in g["samples"]:
+                    expected = s["reward"] - (centre if s["replay"] else mean)
+                    assert s["advantage"] == pytest.approx(expected / (std + 1e-6), abs=1e-5)
+            assert any(s["replay"] and s["advantage"] != 0 for g in groups for s in g["samples"])
         if name == "live-from-empty":
             assert not any(g["replays"] for g in groups)
         if name.startswith("rescue"):  # replays only after G fresh answers, none of them right
