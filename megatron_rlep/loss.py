@@ -39,18 +39,16 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, normalize_std:
         return torch.zeros(size, dtype=torch.float64).index_add_(0, index, values)
     n, total = per_group(torch.ones_like(rewards)), per_group(w)
     mean = per_group(w * rewards) / total
-    centred = rewards - mean[index]
-    if replays is not None:
+    centred = shifted = rewards - mean[index]
+    if replays is not None:  # a replay's centre: its group's fresh answers' mean
         fresh = (~replays).double()
         count = per_group(fresh)
         centre = torch.where(count > 0, per_group(fresh * rewards) / count.clamp(min=1), mean)
-        centred_out = torch.where(replays, rewards - centre[index], centred)
-    else:
-        centred_out = centred
+        shifted = torch.where(replays, rewards - centre[index], centred)
     if not normalize_std:
-        return torch.where(n[index] > 1, centred_out, 0.0).float()
+        return torch.where(n[index] > 1, shifted, 0.0).float()
     var = per_group(w * centred**2) / total * n / (n - 1).clamp(min=1)
-    advantages = centred_out / (var.sqrt()[index] + eps)
+    advantages = shifted / (var.sqrt()[index] + eps)
     return torch.where(n[index] > 1, advantages, 0.0).float()
 
 
