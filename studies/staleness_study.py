@@ -79,29 +79,31 @@ def seeds_of(root: Path) -> list[int]:
                   if (d / "report.json").exists())
 
 
-LOGGED = ("stale/lag_versions_mean", "stale/lag_updates_mean", "stale/tokens_versions_0",
-          "stale/tokens_versions_1", "stale/tokens_versions_2", "stale/lag_1/kl_behaviour_proximal",
-          "stale/lag_2/kl_behaviour_proximal", "stale/replay/advantage_mean",
+LOGGED = ("stale/lag_versions_mean", "stale/lag_updates_mean", "stale/replay/advantage_mean",
           "stale/fresh/advantage_mean", "stale/replay/gradient_share", "train/acc_fresh",
-          "correction/fresh/truncated_fraction", "correction/fresh/m2_masked_fraction")
+          "correction/fresh/truncated_fraction", "correction/fresh/m2_masked_fraction",
+          "actor/clip_fraction", "stale/replay/clip_fraction")
+BY_LAG = ("stale/tokens_versions_{}", "stale/lag_{}/kl_behaviour_proximal",
+          "stale/lag_{}/clip_fraction")  # per lag in versions, every lag a step logged
 
 
 def logged(run_dirs: list[Path]) -> dict:
-    """The mean over every step of ``run_dirs`` of each ``LOGGED`` metric (None where no step
-    logged it), and the largest lag in versions any step trained."""
+    """The mean over every step of ``run_dirs`` of each ``LOGGED`` metric and of each ``BY_LAG``
+    one at every lag from 0 to the largest any step trained (None where no step logged it; a
+    step without tokens at a lag counts 0 in that lag's share), and that largest lag."""
     rows = [json.loads(line) for d in run_dirs for line in
             (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "stale/lag_versions_mean" in r]
-    out = {}
-    for key in LOGGED:
-        if key.startswith("stale/tokens_versions_"):  # a step without tokens at that lag: 0
+    out = {"stale/lag_versions_max": max((r["stale/lag_versions_max"] for r in rows
+                                          if r.get("stale/lag_versions_max") is not None),
+                                         default=None)}
+    lags = range((out["stale/lag_versions_max"] or 0) + 1)
+    for key in [*LOGGED, *(form.format(lag) for form in BY_LAG for lag in lags)]:
+        if key.startswith("stale/tokens_versions_"):
             values = [r.get(key, 0.0) for r in steps]
         else:
             values = [r[key] for r in rows if r.get(key) is not None]
         out[key] = statistics.fmean(values) if values else None
-    out["stale/lag_versions_max"] = max((r["stale/lag_versions_max"] for r in rows
-                                         if r.get("stale/lag_versions_max") is not None),
-                                        default=None)
     return out
 
 
@@ -291,6 +293,10 @@ def markdown(result: dict) -> str:
     def number(x, form="{:.3f}"):
         return "" if x is None else form.format(x)
 
+    def by_lag(m, form, fmt, first=0):  # "a / b / ..." at lags first..the largest; "-": none
+        return " / ".join(number(m[form.format(k)], fmt) or "-"
+                          for k in range(first, (m["stale/lag_versions_max"] or 0) + 1))
+
     def both(x):
         t = "" if x["t_low"] is None else f"[{x['t_low']:+.3f}, {x['t_high']:+.3f}]"
         return f"{x['mean']:+.3f} | {t} | [{x['low']:+.3f}, {x['high']:+.3f}]"
@@ -307,25 +313,27 @@ def markdown(result: dict) -> str:
              f"| minutes to {ref} baseline's peak (mean of those that reach it) | reached |",
              "|---|---|---|---|---|---|---|"]
     gains = ["| arm | RLEP minus baseline, eval (95%) | area (95%) |", "|---|---|---|"]
-    lags = ["| arm | run | lag in versions: mean, max | tokens at lag 0 / 1 / 2 | lag in updates "
-            "| KL(behaviour, proximal) at lag 1 / 2 | truncated (fresh) | masked by M2PO (fresh) "
-            "| replay advantage | replay gradient share | fresh accuracy |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lags = ["| arm | run | lag in versions: mean, max | tokens at lag 0 / 1 / ... | lag in updates "
+            "| KL(behaviour, proximal) at lag 1 / 2 / ... | truncated (fresh) | clipped: all, "
+            "fresh at lag 0 / 1 / ..., replays | masked by M2PO (fresh) | replay advantage "
+            "| replay gradient share | fresh accuracy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, arm in result["arms"].items():
         if "rlep_minus_baseline" in arm:
             g = arm["rlep_minus_baseline"]
             gains.append(f"| {n} | {cell(g['eval'])} | {cell(g['area'])} |")
         for run in RUNS:
             m = arm["logged"][run]
-            shares = " / ".join(number(m[f"stale/tokens_versions_{k}"], "{:.2f}") or "0"
-                                for k in range(3))
             lags.append(
                 f"| {n} | {run} | {number(m['stale/lag_versions_mean'], '{:.2f}')}, "
-                f"{number(m['stale/lag_versions_max'], '{}')} | {shares} | "
+                f"{m['stale/lag_versions_max'] or 0} | "
+                f"{by_lag(m, 'stale/tokens_versions_{}', '{:.2f}')} | "
                 f"{number(m['stale/lag_updates_mean'], '{:.2f}')} | "
-                f"{number(m['stale/lag_1/kl_behaviour_proximal'], '{:.1e}')} / "
-                f"{number(m['stale/lag_2/kl_behaviour_proximal'], '{:.1e}')} | "
+                f"{by_lag(m, 'stale/lag_{}/kl_behaviour_proximal', '{:.1e}', 1)} | "
                 f"{number(m['correction/fresh/truncated_fraction'], '{:.4f}')} | "
+                f"{number(m['actor/clip_fraction'], '{:.4f}')}; "
+                f"{by_lag(m, 'stale/lag_{}/clip_fraction', '{:.4f}')}; "
+                f"{number(m['stale/replay/clip_fraction'], '{:.4f}') or '-'} | "
                 f"{number(m['correction/fresh/m2_masked_fraction'], '{:.4f}')} | "
                 f"{number(m['stale/replay/advantage_mean'])} | "
                 f"{number(m['stale/replay/gradient_share'])} | {number(m['train/acc_fresh'])} |")

@@ -36,12 +36,16 @@ def write_run(seed_dir: Path, run: str, start: float, points: dict, final: list[
     rows = [{"step": 0, "time": start - 5.0, "val/acc": 0.0},
             {"step": 1, "time": start + 10.0, "time/step_s": 10.0, "stale/lag_versions_max": 0,
              "stale/lag_versions_mean": 0.0, "stale/tokens_versions_0": 1.0,
-             "correction/fresh/m2_masked_fraction": 0.0}]
+             "correction/fresh/m2_masked_fraction": 0.0, "actor/clip_fraction": 0.0,
+             "stale/lag_0/clip_fraction": 0.0}]
     for step, (seconds, correct) in sorted(points.items()):
         rows.append({"step": step, "time": start + seconds, "time/step_s": 10.0,
                      "val/acc": sum(correct) / len(correct), "stale/lag_versions_max": step // 2,
                      "stale/lag_versions_mean": step / 4, f"stale/tokens_versions_{step // 2}": 1.0,
-                     "correction/fresh/m2_masked_fraction": step / 100})
+                     "correction/fresh/m2_masked_fraction": step / 100,
+                     "actor/clip_fraction": step / 100,
+                     f"stale/lag_{step // 2}/clip_fraction": step / 100,
+                     f"stale/lag_{step // 2}/kl_behaviour_proximal": step / 1000})
         (run_dir / "validation" / f"step-{step}.jsonl").write_text("".join(
             json.dumps({"id": q, "correct": c}) + "\n" for q, c in zip(QUESTIONS, correct)))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -102,7 +106,10 @@ def test_differences_and_minutes_to_the_synchronous_baselines_peak(tmp_path):
     assert "| n1 | baseline | 2 | +0.250 [" in table and "| n1 | rlep | 2 |" in table
     assert "| 1.5 | 2/2 |" in table and "|  | 0/2 |" in table
     assert "| n1 | -0.500 [" in table and "| n1 | rlep | 0.50, 2 |" in table
-    assert "|  | 0.0200 |" in table  # no truncation logged; M2PO's masked share
+    # by lag: the shares, KL at lags 1 and 2 (steps 2 and 4), the clipped shares (all; fresh at
+    # lags 0 / 1 / 2 from steps 1, 2, 4; no replays); no truncation logged; M2PO's masked share
+    assert "| n1 | rlep | 0.50, 2 | 0.33 / 0.33 / 0.33 | " in table
+    assert "| 2.0e-03 / 4.0e-03 |  | 0.0200; 0.0000 / 0.0200 / 0.0400; - | 0.0200 |" in table
 
 
 def test_the_record_proves_its_pairing_and_unpaired_arms_are_refused(tmp_path):
