@@ -113,14 +113,19 @@ class Unpaired(ValueError):
 
 def pool_of(run_dir: Path) -> dict | None:
     """The pool a run replayed (its ``config.json``'s ``algorithm.pool``): its path and the
-    sha256 of its files by name; None for a run without one."""
+    sha256 of its files by name (of the file, for a pool in one file; None where the path is
+    gone); None for a run without one."""
     config = run_dir / "config.json"
     pool = json.loads(config.read_text())["algorithm"].get("pool") if config.exists() else None
     if not pool:
         return None
+    root = Path(pool)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    if not files:
+        return {"path": pool, "sha256": None}
     digest = hashlib.sha256()
-    for path in sorted(p for p in Path(pool).rglob("*") if p.is_file()):
-        digest.update(path.relative_to(pool).as_posix().encode() + b"\0" + path.read_bytes())
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return {"path": pool, "sha256": digest.hexdigest()}
 
 
@@ -174,6 +179,11 @@ def check_paired(records: dict[str, dict[int, dict]], codes: bool = True) -> Non
                     raise Unpaired(f"arm {n}, seed {seed}, run {run} {what}: rerun it at the "
                                    "reference's commit, or leave the arm out")
             pool, ref_pool = record["rlep"]["pool"], ref["rlep"]["pool"]
+            gone = next((p["path"] for p in (pool, ref_pool) if p and p["sha256"] is None), None)
+            if gone:
+                raise Unpaired(f"arm {n}, seed {seed}: the pool {gone} its RLEP or the reference "
+                               "arm's replayed is not here, so their pairing cannot be shown: "
+                               "put the pool back at that path")
             if (pool or {}).get("sha256") != (ref_pool or {}).get("sha256"):
                 raise Unpaired(f"arm {n}, seed {seed}: its RLEP replayed "
                                f"{pool and pool['path']} and the reference arm {reference}'s "

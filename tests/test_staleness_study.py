@@ -2,7 +2,9 @@
 synchronous arm, each arm's RLEP minus its baseline, the minutes each arm takes to reach the
 synchronous baseline's peak, and the means of what the runs logged of their lags."""
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +155,19 @@ def test_the_record_proves_its_pairing_and_unpaired_arms_are_refused(tmp_path):
                            "--arms", f"sync={roots['sync']}", f"n1={roots['n1']}"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("error: arm n1, seed 1, run baseline")
+    # both arms' RLEP name one pool, but it is gone: equal paths prove nothing
+    shutil.rmtree(tmp_path / "pools" / "seed-2")
+    with pytest.raises(staleness_study.Unpaired, match=r"^arm sync, seed 2: the pool .*seed-2 "
+                                                       r"its RLEP or the reference arm's replayed "
+                                                       r"is not here"):
+        staleness_study.study(roots, codes=False)
+    # a pool in one file (the authors' parquet): that file's bytes
+    one = tmp_path / "pool.parquet"
+    one.write_bytes(b"PAR1")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"algorithm": {"pool": str(one)}}))
+    assert staleness_study.pool_of(tmp_path / "run")["sha256"] == \
+        hashlib.sha256(b".\0PAR1").hexdigest()
 
 
 def test_an_arm_without_finished_seeds_is_refused_in_one_sentence(tmp_path):
