@@ -325,8 +325,8 @@ def markdown(result: dict) -> str:
     gains = ["| arm | RLEP minus baseline, eval (95%) | area (95%) |", "|---|---|---|"]
     lags = ["| arm | run | lag in versions: mean, max | tokens at lag 0 / 1 / ... | lag in updates "
             "| KL(behaviour, proximal) at lag 1 / 2 / ... | truncated (fresh) | clipped: all, "
-            "fresh at lag 0 / 1 / ..., replays | masked by M2PO (fresh) | replay advantage "
-            "| replay gradient share | fresh accuracy |",
+            "fresh at lag 0 / 1 / ... (6: six or more), replays | masked by M2PO (fresh) "
+            "| replay advantage | replay gradient share | fresh accuracy |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, arm in result["arms"].items():
         if "rlep_minus_baseline" in arm:
