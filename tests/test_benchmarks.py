@@ -25,6 +25,7 @@ TINY_RUNS = {
     "async_speed.py": "test_async_speed.py",
     "async_timeline.py": "test_async_timeline.py",
     "checkpoint_verify.py": "test_checkpoint_verify.py",
+    "device_rewrite.py": "test_benchmarks.py",
     "gpu_update.py": "test_gpu_update.py",
     "memory_soak.py": "test_memory_soak.py",
     "peer_trl.py": "test_peer_trl.py",
@@ -131,6 +132,15 @@ def test_the_rollout_engines_generate_sync_and_start(model, tmp_path):
         for workload in ("demo rollout", "evaluation", "pool"):
             assert 0 < engine[workload]["tokens"] <= 4 * {"demo rollout": 24, "evaluation": 128,
                                                           "pool": 64}[workload]
+
+
+def test_the_device_rewrite_is_timed_on_and_paused_with_the_same_answers(model, tmp_path):
+    run("device_rewrite.py", "--model", model, "--pairs", 2, "--max-tokens", 4, "--engines",
+        "transformers", "--json", tmp_path / "rewrite.json")
+    r, = json.loads((tmp_path / "rewrite.json").read_text())
+    assert r["engine"] == "transformers" and len(r["per_pair"]) == 2
+    x = r["on_over_paused"]
+    assert x["low"] <= x["ratio"] <= x["high"] and x["pairs"] == 2
 
 
 @pytest.mark.e2e

@@ -266,3 +266,53 @@ def test_the_linear_products_through_onednn_are_megatrons():
         ["ALLREDUCE", "_OneDnnLinearBackward", "True", "True"],
         ["FALLBACK", "LinearWithGradAccumulationAndAsyncCommunicationBackward", "True"],
         ["EMPTY", "torch.Size([0,", "2,", "40])"]], lines
+
+
+PAUSED = """
+import sys, threading, torch
+from torch.overrides import TorchFunctionMode
+from megatron_rlep import platform
+from megatron_rlep.rollout.transformers_engine import TransformersEngine
+from megatron_rlep.rollout.vllm_engine import VllmEngine
+stack = torch.overrides._get_current_function_mode_stack
+platform.install_cpu_shims()
+engine = TransformersEngine(sys.argv[1])
+seen = []
+engine.model.register_forward_hook(lambda *args: seen.append(len(stack())))
+engine.generate([[1, 2, 3]], n=2, max_tokens=3, temperature=0)
+print("transformers", len(stack()), sorted(set(seen)), torch.zeros(1, device="cuda").device)
+vllm = VllmEngine.__new__(VllmEngine)
+vllm.compiled = False
+with vllm._calls():
+    inside = len(stack())
+    try:
+        torch.zeros(1, device="cuda")
+    except (AssertionError, RuntimeError):
+        inside = (inside, "no cuda")
+print("vllm", inside, len(stack()))
+with TorchFunctionMode() as other, platform.device_rewrite_paused():
+    print("above", len(stack()), stack()[-1] is other)
+box = []
+thread = threading.Thread(target=lambda: box.append(len(stack())))
+with platform.device_rewrite_paused():
+    thread.start(); thread.join()
+print("thread", box, len(stack()))
+"""
+
+
+def test_rollout_engines_generate_without_the_device_rewrite_and_megatron_keeps_it(tmp_path):
+    """Shim 4's mode rewrites device="cuda" for Megatron-Core's calls; a rollout engine's calls
+    run without it (each torch call of a decode would pass through it, about a tenth of a CPU
+    generation), and it is back after them. Not touched where it is not the innermost mode, nor
+    in a thread that never had it."""
+    sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+    import tiny
+
+    out = subprocess.run([sys.executable, "-c", PAUSED, str(tiny.make_model(tmp_path / "m"))],
+                         capture_output=True, text=True, timeout=scaled(300))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines["transformers"] == "1 [0] cpu"  # off in every forward, on after: the CPU tensor
+    assert lines["vllm"] == "(0, 'no cuda') 1"
+    assert lines["above"] == "2 True"
+    assert lines["thread"] == "[0] 1"

@@ -27,4 +27,4 @@ from megatron_rlep.platform.device_setup import (  # noqa: F401
     have_transformer_engine, init_distributed, install_cpu_shims, is_rank0, layer_spec,
     reset_model_parallel, transformer_engine_unavailable)
 from megatron_rlep.platform.shims import (  # noqa: F401
-    clip_factor, clip_grad_norm, cuda_type_names, grad_norm, scale_grads)
+    clip_factor, clip_grad_norm, cuda_type_names, device_rewrite_paused, grad_norm, scale_grads)

@@ -155,6 +155,23 @@ def cuda_device_arguments_to_cpu() -> None:
     _CPU_MODE.__enter__()
 
 
+@contextlib.contextmanager
+def device_rewrite_paused():
+    """Shim 4's mode off for a rollout engine's call (``VllmEngine``, ``TransformersEngine``):
+    the engines create no CUDA tensors on a CPU, and each torch call of a token-by-token decode
+    would pass through the mode (a tenth of a CPU generation's time). A no-op where the mode is
+    not installed or not this thread's innermost one."""
+    stack = torch.overrides._get_current_function_mode_stack()
+    if _CPU_MODE is None or not stack or stack[-1] is not _CPU_MODE:
+        yield
+        return
+    _CPU_MODE.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        _CPU_MODE.__enter__()
+
+
 @shim(5, Expect("torch", "Tensor.cuda"))
 def tensor_cuda_is_identity() -> None:
     """``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up of pipeline stages

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from megatron_rlep.builtin_model import resolve_model_path
+from megatron_rlep.platform import device_rewrite_paused
 from megatron_rlep.rollout.base import Completion, counts_and_seeds, stop_ids
 
 
@@ -38,6 +39,7 @@ class TransformersEngine:
         self.routes = _Routes(self.model) if routes else None
 
     @torch.no_grad()
+    @device_rewrite_paused()
     def generate(self, prompts, n: int | list[int] = 1, temperature: float = 1.0,
                  top_p: float = 1.0, max_tokens: int = 256, seed: int | list[int] = 0,
                  progress: bool = False, stop: tuple[str, ...] = ()) -> list[list[Completion]]:

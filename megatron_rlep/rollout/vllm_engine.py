@@ -39,13 +39,14 @@ import gc
 import logging
 import os
 import threading
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from megatron_rlep.errors import RunError
+from megatron_rlep.platform import device_rewrite_paused
 from megatron_rlep.rollout.base import Completion, counts_and_seeds
 
 log = logging.getLogger(__name__)
@@ -284,12 +285,15 @@ class VllmEngine:
         steps = out[0].prompt_logprobs[1:]
         return torch.tensor([step[token].logprob for step, token in zip(steps, list(ids)[1:])])
 
+    @contextmanager
     def _calls(self):
         """Around every call into vLLM: with ``cpu_compile`` dynamo runs there (the process
-        keeps it off elsewhere, ``configure_cpu_backend``)."""
+        keeps it off elsewhere, ``configure_cpu_backend``); the CPU shims' device rewrite not."""
         import torch._dynamo
 
-        return torch._dynamo.config.patch(disable=False) if self.compiled else nullcontext()
+        with torch._dynamo.config.patch(disable=False) if self.compiled else nullcontext(), \
+                device_rewrite_paused():
+            yield
 
     def sleep(self) -> None:
         """Before the actor's update: weights dropped and KV cache freed (level 2)."""
