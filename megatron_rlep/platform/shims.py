@@ -149,7 +149,8 @@ _CPU_MODE: _CudaToCpu | None = None
 def cuda_device_arguments_to_cpu() -> None:
     """Tensors created with ``device="cuda"`` (the schedules' token counter, default attention
     masks) are created on the CPU by a ``TorchFunctionMode`` that rewrites the device argument;
-    it stays active for the life of the process (main thread)."""
+    it stays active for the life of the process (main thread), but for rollout engines' calls
+    (``device_rewrite_paused``)."""
     global _CPU_MODE
     _CPU_MODE = _CudaToCpu()
     _CPU_MODE.__enter__()
