@@ -17,24 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-T_975 = {3: 3.182, 5: 2.571, 7: 2.365, 9: 2.262, 11: 2.201, 15: 2.131}
-
-
-def ratio_interval(ratios: list[float]) -> dict:
-    logs = [math.log(r) for r in ratios]
-    mean, half = statistics.fmean(logs), 0.0
-    if len(logs) > 1:
-        half = T_975.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
-            "pairs": len(ratios)}
+from peer_trl import ratio_over_rounds  # noqa: E402 - a geometric mean with its t-interval
 
 
 def measure(kind: str, pairs: int, model: str, longest: int) -> dict:
@@ -56,15 +48,13 @@ def measure(kind: str, pairs: int, model: str, longest: int) -> dict:
 
     def run(mode_on: bool):
         start = time.perf_counter()
-        if mode_on:
-            with _CudaToCpu():  # above the paused one: the engine's pause leaves it on
-                out = engine.generate(prompts, n=6, temperature=1.0, max_tokens=longest, seed=1)
-        else:
+        # a second mode above the paused one: the engine's pause leaves it on
+        with _CudaToCpu() if mode_on else nullcontext():
             out = engine.generate(prompts, n=6, temperature=1.0, max_tokens=longest, seed=1)
         return time.perf_counter() - start, [[c.token_ids for c in group] for group in out]
 
     _, reference = run(False)  # warm-up
-    ratios, times = [], {"paused": [], "on": []}
+    times = {"paused": [], "on": []}
     for p in range(pairs):
         order = (False, True) if p % 2 == 0 else (True, False)  # ABBA
         seconds = {}
@@ -77,9 +67,9 @@ def measure(kind: str, pairs: int, model: str, longest: int) -> dict:
               file=sys.stderr, flush=True)
         times["paused"].append(seconds[False])
         times["on"].append(seconds[True])
-        ratios.append(seconds[True] / seconds[False])
+    ratio = ratio_over_rounds(times["on"], times["paused"])
     return {"engine": kind, "median_s": {k: statistics.median(v) for k, v in times.items()},
-            "on_over_paused": ratio_interval(ratios), "per_pair": ratios}
+            "on_over_paused": ratio, "per_pair": ratio["by_round"]}
 
 
 def main() -> None:
@@ -95,7 +85,7 @@ def main() -> None:
     for r in results:
         x = r["on_over_paused"]
         print(f"{r['engine']}: the demo's rollout with the mode on takes {x['ratio']:.3f}x as long "
-              f"as paused [{x['low']:.3f}, {x['high']:.3f}] ({x['pairs']} pairs; medians "
+              f"as paused [{x['low']:.3f}, {x['high']:.3f}] ({x['rounds']} pairs; medians "
               f"{r['median_s']['on']:.2f} s and {r['median_s']['paused']:.2f} s)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -140,7 +140,7 @@ def test_the_device_rewrite_is_timed_on_and_paused_with_the_same_answers(model, 
     r, = json.loads((tmp_path / "rewrite.json").read_text())
     assert r["engine"] == "transformers" and len(r["per_pair"]) == 2
     x = r["on_over_paused"]
-    assert x["low"] <= x["ratio"] <= x["high"] and x["pairs"] == 2
+    assert x["low"] <= x["ratio"] <= x["high"] and x["rounds"] == 2
 
 
 @pytest.mark.e2e
