@@ -36,6 +36,7 @@ TINY_RUNS = {
     "sandbox_throughput.py": "test_benchmarks.py",
     "score_throughput.py": "test_benchmarks.py",
     "step_profile.py": "test_step_profile.py",
+    "suite_census.py": "test_benchmarks.py",
     "tool_calls.py": "test_benchmarks.py",
 }
 
@@ -45,12 +46,12 @@ def model(tmp_path_factory):
     return tiny.make_model(tmp_path_factory.mktemp("bench") / "model")
 
 
-def run(script: str, *args, timeout: float = 300, **extra_env) -> str:
-    """The script's stdout; the test fails with its errors if it exits non-zero."""
+def run(script: str, *args, timeout: float = 300, expect: int = 0, **extra_env) -> str:
+    """The script's stdout; the test fails with its errors if its exit code is not ``expect``."""
     argv = [sys.executable, str(BENCHMARKS / script), *map(str, args)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(timeout),
                           env=env(argv, **extra_env), cwd=REPO)
-    assert done.returncode == 0, why(done)
+    assert done.returncode == expect, why(done)
     return done.stdout
 
 
@@ -141,6 +142,22 @@ def test_the_device_rewrite_is_timed_on_and_paused_with_the_same_answers(model, 
     assert r["engine"] == "transformers" and len(r["per_pair"]) == 2
     x = r["on_over_paused"]
     assert x["low"] <= x["ratio"] <= x["high"] and x["rounds"] == 2
+
+
+def test_the_suite_census_counts_each_process_its_cpu_and_its_test(tmp_path):
+    child = "sum(i * i for i in range(3_000_000))"  # a grandchild that burns some CPU
+    run("suite_census.py", "--out", tmp_path, "--", sys.executable, "-c",
+        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}]); sys.exit(3)",
+        expect=3)
+    r = json.loads((tmp_path / "census.json").read_text())
+    assert r["exit_code"] == 3 and r["processes"] == 2 and r["cpu_s"] > 0.05
+    (kind, row), = r["by_kind"].items()
+    assert kind == "python -c" and row["processes"] == 2
+    assert row["cpu_s"] == pytest.approx(r["cpu_s"], abs=0.02)
+    assert list(r["by_test_file"]) == ["tests/test_benchmarks.py"]  # inherited by both
+    assert 0 <= r["idle_share"] <= 1
+    again = run("suite_census.py", "--out", tmp_path, "--summary", expect=3)
+    assert "2 processes" in again and json.loads((tmp_path / "census.json").read_text()) == r
 
 
 @pytest.mark.e2e
