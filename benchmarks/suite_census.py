@@ -42,6 +42,8 @@ def _census():
 if os.environ.get("SUITE_CENSUS"):
     atexit.register(_census)
 '''
+
+
 def kind(argv: list[str]) -> str:
     """What a process ran: its script or module's file (``python -m`` names the module's file;
     a torchrun worker its script), ``python -c`` for a command."""
@@ -56,7 +58,8 @@ def idle_share(samples: list[list[int]]) -> float | None:
     if len(samples) < 2:
         return None
     delta = [b - a for a, b in zip(samples[0], samples[-1])]
-    return (delta[3] + delta[4]) / sum(delta) if sum(delta) else None
+    total = sum(delta)
+    return (delta[3] + delta[4]) / total if total else None
 
 
 def summary(lines: list[dict], idle: float | None) -> dict:
